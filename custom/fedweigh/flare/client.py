@@ -1,0 +1,97 @@
+"""The fedweigh Client API script: one loop that trains, evaluates and reports statistics.
+
+Run by NVFlare's ``ScriptRunner`` (the job's ``custom/fedweigh_client.py`` calls :func:`main`).
+It dispatches on ``flare.get_task_name()``:
+
+- ``train``: evaluate the received global model, train locally with the shared training code
+  (:mod:`fedweigh.train`), send FULL parameters with ``NUM_STEPS_CURRENT_ROUND``, the sample count
+  and the scalars the server's scheme asked for;
+- ``validate``: evaluate the received global model only;
+- ``stats``: answer the label-statistics phase (see :mod:`fedweigh.flare.statistics`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from fedweigh.flare.constants import META_NUM_SAMPLES, META_PLAN, META_SCALARS, TASK_STATS, TASK_TRAIN
+from fedweigh.site import ClientArgs
+
+logger = logging.getLogger("fedweigh.client")
+
+__all__ = ["ClientArgs", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import nvflare.client as flare
+    import torch
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+    from nvflare.client.tracking import SummaryWriter
+
+    from fedweigh.flare.site_data import resolve_site_data
+    from fedweigh.flare.statistics import load_cached_global_stats
+    from fedweigh.site import SiteTrainer, parse_args
+    from fedweigh.train import set_params
+
+    logging.basicConfig(level=logging.INFO)
+    args = parse_args(argv)
+    flare.init()
+    site_name = flare.get_site_name()
+    site, test, num_sites = resolve_site_data(site_name, args)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, num_sites))
+    trainer = SiteTrainer(site, test, args, threads=threads)
+    trainer.job_id = str(flare.get_job_id())
+    trainer.global_stats = load_cached_global_stats(trainer.job_id)
+    writer = SummaryWriter()
+
+    while flare.is_running():
+        input_model = flare.receive()
+        if input_model is None:
+            break
+        task = flare.get_task_name()
+        plan = (input_model.meta or {}).get(META_PLAN, {}) or {}
+        round_index = int(input_model.current_round or 0)
+
+        if task == TASK_STATS:
+            from fedweigh.flare.statistics import answer_statistics_task
+
+            flare.send(answer_statistics_task(trainer, input_model))
+            continue
+
+        if task != TASK_TRAIN:
+            if input_model.params:
+                set_params(trainer.model, input_model.params)
+            metrics = trainer.evaluate()
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, round_index)
+            flare.send(FLModel(metrics=metrics, meta={META_NUM_SAMPLES: len(trainer.site.val)}))
+            continue
+
+        out = trainer.run_round(input_model.params, round_index, plan)
+        for key, value in out.metrics.items():
+            writer.add_scalar(key, value, round_index)
+        logger.info(
+            "%s round %d: %d steps, loss %.4f, val_auc %.4f",
+            site_name,
+            round_index,
+            out.num_steps,
+            out.metrics["train_loss"],
+            out.metrics.get("val_auc", float("nan")),
+        )
+        flare.send(
+            FLModel(
+                params={k: torch.as_tensor(v) for k, v in out.params.items()},
+                params_type=ParamsType.FULL,
+                metrics=out.metrics,
+                meta={
+                    "NUM_STEPS_CURRENT_ROUND": out.num_steps,
+                    META_NUM_SAMPLES: out.num_samples,
+                    META_SCALARS: out.scalars,
+                },
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

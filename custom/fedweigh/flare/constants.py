@@ -1,0 +1,26 @@
+"""Names shared by the fedweigh controller and client script (task names, meta keys, files)."""
+
+from __future__ import annotations
+
+#: Task names. One Client API script dispatches on ``flare.get_task_name()``.
+TASK_TRAIN = "train"
+TASK_VALIDATE = "validate"
+TASK_STATS = "stats"
+
+#: Meta key the server puts on a task to tell the client what its scheme needs this round.
+META_PLAN = "fedweigh_plan"
+#: Meta key of a client result holding the scalars its scheme asked for.
+META_SCALARS = "fedweigh_scalars"
+#: Meta key of a client result holding its local training-set size N_k.
+META_NUM_SAMPLES = "num_samples"
+
+#: Files the controller writes into the server's run directory.
+METRICS_JSON = "fedweigh_metrics.json"
+METRICS_CSV = "fedweigh_metrics.csv"
+STATE_JSON = "fedweigh_state.json"
+WEIGHTS_PLOT = "fedweigh_client_weights.png"
+AUC_PLOT = "fedweigh_auc_by_round.png"
+
+#: Environment variable / workspace file that holds a site's local data settings in a deployment.
+SITE_CONFIG_ENV = "FEDWEIGH_SITE_CONFIG"
+SITE_CONFIG_FILE = "fedweigh_site.json"

@@ -1,0 +1,295 @@
+"""FedweighController: NVFlare ``ModelController`` that weights clients with a fedweigh scheme.
+
+Per round t = 1..T: sample sites, send the global model theta_g^{t-1} with the scheme's plan,
+validate every result (an invalid one is skipped with a logged reason naming the site), reduce
+results to :class:`~fedweigh.weighting.base.ClientReport`, ask the scheme for weights, and set
+theta_g^t = scheme.aggregate(theta_g^{t-1}, reports, weights). The scheme's math lives in
+:mod:`fedweigh.weighting`; this module only wires it into NVFlare.
+
+After each round the global model is persisted through the job's persistor and the run state
+(round, scheme state, metric rows) to ``fedweigh_state.json`` + ``fedweigh_global.npz``, so a run
+started with ``resume_from`` pointing at that folder continues at round t+1 with the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.workflows.model_controller import ModelController
+
+from fedweigh.flare.constants import (
+    META_NUM_SAMPLES,
+    META_PLAN,
+    STATE_JSON,
+    TASK_TRAIN,
+    TASK_VALIDATE,
+)
+from fedweigh.flare.recorder import RoundRecorder
+from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
+
+GLOBAL_NPZ = "fedweigh_global.npz"
+
+
+def _to_numpy(params: dict) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in params.items():
+        if hasattr(v, "detach"):
+            v = v.detach().cpu().numpy()
+        out[k] = np.asarray(v)
+    return out
+
+
+def sample_sites(
+    all_sites: list[str], fraction: float, min_clients: int, seed: int, round_index: int
+) -> list[str]:
+    """Deterministic per-round sample of max(min_clients, ceil(fraction * K)) sites, in name order."""
+    sites = sorted(all_sites)
+    k = min(len(sites), max(min_clients, math.ceil(fraction * len(sites))))
+    if k >= len(sites):
+        return sites
+    rng = random.Random(seed * 7_919 + round_index)
+    return sorted(rng.sample(sites, k))
+
+
+class FedweighController(ModelController):
+    """Runs a fedweigh weighting scheme inside NVFlare.
+
+    Args:
+        num_rounds: number of training rounds T.
+        min_clients: minimum number of valid results for a round to update the global model.
+        scheme: registry name of the weighting scheme (``fedavg``, ``feddraw``, ``cbr``, ...).
+        scheme_args: keyword arguments of the scheme (its dataclass fields).
+        sample_fraction: fraction of sites sampled per round (partial participation).
+        statistics: label-statistics exchange before training: ``"none"``, ``"plain"`` or ``"secure"``.
+        loss_needs_global_stats: run the statistics phase even if the scheme does not need it
+            (losses such as PNB or DAFL use the global histogram).
+        train_timeout: seconds to wait for training results (0 = wait for all sampled sites).
+        evaluate_final: send a ``validate`` task with the final global model.
+        seed: seed of the site sampling.
+        resume_from: folder holding ``fedweigh_state.json`` of an earlier run to continue.
+        max_num_samples: plausibility bound on a site's reported sample count.
+        persistor_id: component id of the model persistor.
+    """
+
+    def __init__(
+        self,
+        num_rounds: int = 5,
+        min_clients: int = 1,
+        scheme: str = "fedavg",
+        scheme_args: dict | None = None,
+        sample_fraction: float = 1.0,
+        statistics: str = "none",
+        loss_needs_global_stats: bool = False,
+        train_timeout: int = 0,
+        evaluate_final: bool = True,
+        seed: int = 0,
+        resume_from: str | None = None,
+        max_num_samples: int = 10_000_000,
+        persistor_id: str = "persistor",
+    ):
+        super().__init__(persistor_id=persistor_id)
+        from fedweigh.weighting import get_scheme
+
+        if num_rounds < 1:
+            raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
+        if not 0.0 < sample_fraction <= 1.0:
+            raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
+        if statistics not in ("none", "plain", "secure"):
+            raise ValueError(f"statistics must be 'none', 'plain' or 'secure', got {statistics!r}")
+        self.num_rounds = num_rounds
+        self.min_clients = min_clients
+        self.scheme = scheme
+        self.scheme_args = dict(scheme_args or {})
+        self.sample_fraction = sample_fraction
+        self.statistics = statistics
+        self.loss_needs_global_stats = loss_needs_global_stats
+        self.train_timeout = train_timeout
+        self.evaluate_final = evaluate_final
+        self.seed = seed
+        self.resume_from = resume_from
+        self.max_num_samples = max_num_samples
+        self._scheme = get_scheme(scheme, **self.scheme_args)  # fails at job creation on a bad name/option
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _out_dir(self) -> Path:
+        return Path(self.get_app_dir())
+
+    def _save_state(self, out_dir: Path, round_index: int, params: dict[str, np.ndarray], rows: list[dict]):
+        state = {
+            "round": round_index,
+            "num_rounds": self.num_rounds,
+            "scheme": self.scheme,
+            "scheme_args": self.scheme_args,
+            "scheme_state": self._scheme.state_dict(),
+            "rows": rows,
+        }
+        tmp = out_dir / (STATE_JSON + ".tmp")
+        tmp.write_text(json.dumps(state))
+        np.savez(out_dir / ("tmp_" + GLOBAL_NPZ), **params)
+        os.replace(out_dir / ("tmp_" + GLOBAL_NPZ), out_dir / GLOBAL_NPZ)
+        os.replace(tmp, out_dir / STATE_JSON)
+
+    def _load_state(self, folder: str) -> tuple[int, dict[str, np.ndarray], list[dict]]:
+        path = Path(folder) / STATE_JSON
+        if not path.is_file():
+            raise FileNotFoundError(f"resume_from={folder}: no {STATE_JSON} there")
+        state = json.loads(path.read_text())
+        if state.get("scheme") != self.scheme:
+            raise ValueError(
+                f"resume_from={folder}: state is for scheme {state.get('scheme')!r}, not {self.scheme!r}"
+            )
+        with np.load(Path(folder) / GLOBAL_NPZ) as npz:
+            params = {k: npz[k] for k in npz.files}
+        self._scheme.load_state_dict(state.get("scheme_state") or {})
+        return int(state["round"]), params, list(state.get("rows", []))
+
+    def _plan(self) -> dict:
+        plan: dict = {
+            "scheme": self.scheme,
+            "scheme_args": self.scheme_args,
+            "scalars": list(self._scheme.required_scalars),
+            "fedprox_mu": float(getattr(self._scheme, "client_mu", 0.0) or 0.0),
+        }
+        return plan
+
+    @staticmethod
+    def _mean_metrics(results: list[FLModel]) -> dict[str, float]:
+        keys = sorted({k for r in results for k in (r.metrics or {})})
+        out = {}
+        for k in keys:
+            vals = [float(r.metrics[k]) for r in results if r.metrics and k in r.metrics]
+            vals = [v for v in vals if math.isfinite(v)]
+            if vals:
+                out[k] = float(np.mean(vals))
+        return out
+
+    # -- the workflow --------------------------------------------------------------------------
+    def run(self) -> None:
+        from fedweigh.weighting.base import ClientReport
+
+        out_dir = self._out_dir()
+        start_round, rows = 1, []
+        if self.resume_from:
+            last, params, rows = self._load_state(self.resume_from)
+            model = FLModel(params_type=ParamsType.FULL, params=params)
+            start_round = last + 1
+            self.info(f"resuming from {self.resume_from} after round {last}")
+        else:
+            model = self.load_model()
+        global_params = _to_numpy(model.params)
+        recorder = RoundRecorder(out_dir, self.scheme, rows)
+        limits = ResultLimits(max_num_samples=self.max_num_samples)
+        all_sites = [c.name for c in self.engine.get_clients()]
+
+        if self.statistics != "none" and (
+            self._scheme.needs_global_histogram or self.loss_needs_global_stats
+        ):
+            from fedweigh.flare.statistics import run_statistics_phase
+
+            run_statistics_phase(self, sorted(all_sites), self.statistics)
+
+        for t in range(start_round, self.num_rounds + 1):
+            if self.abort_signal and self.abort_signal.triggered:
+                self.info("abort signal received; stopping")
+                break
+            t0 = time.perf_counter()
+            targets = sample_sites(all_sites, self.sample_fraction, self.min_clients, self.seed, t)
+            self.info(f"round {t}/{self.num_rounds}: sites {targets}")
+            task_model = FLModel(
+                params_type=ParamsType.FULL,
+                params=global_params,
+                current_round=t,
+                total_rounds=self.num_rounds,
+                meta={META_PLAN: self._plan()},
+            )
+            results = self.send_model_and_wait(
+                task_name=TASK_TRAIN,
+                data=task_model,
+                targets=targets,
+                min_responses=self.min_clients if self.train_timeout else None,
+                timeout=self.train_timeout,
+            )
+            reports, valid_results = [], []
+            for r in results:
+                site = (r.meta or {}).get("client_name", "?")
+                try:
+                    params, n, steps, scalars = check_train_result(
+                        site, r.params, r.meta, global_params, self._scheme.required_scalars, limits
+                    )
+                except InvalidClientResult as e:
+                    self.warning(f"round {t}: skipping result: {e}")
+                    continue
+                reports.append(
+                    ClientReport(
+                        name=site,
+                        num_samples=n,
+                        num_steps=steps,
+                        scalars=scalars,
+                        params=params,
+                    )
+                )
+                valid_results.append(r)
+            if valid_results:
+                recorder.set_metrics(t - 1, self._mean_metrics(valid_results))
+            if len(reports) < self.min_clients:
+                self.warning(
+                    f"round {t}: {len(reports)} valid result(s), fewer than min_clients={self.min_clients}; "
+                    "the global model is left unchanged"
+                )
+                recorder.flush()
+                continue
+            try:
+                weights = np.asarray(
+                    self._scheme.weights(reports, global_params, t, self.num_rounds), dtype=float
+                )
+                new_params = self._scheme.aggregate(global_params, reports, weights)
+            except ValueError as e:
+                self.warning(
+                    f"round {t}: the scheme could not weight this round ({e}); global model unchanged"
+                )
+                recorder.flush()
+                continue
+            global_params = {k: np.asarray(v) for k, v in new_params.items()}
+            wmap = {rep.name: float(w) for rep, w in zip(reports, weights, strict=True)}
+            values = {
+                k: float(v)
+                for k, v in (self._scheme.last_details or {}).items()
+                if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+            }
+            values["round_seconds"] = time.perf_counter() - t0
+            recorder.set_round(t, wmap, values)
+            self.info(f"round {t}: weights " + ", ".join(f"{k}={v:.3f}" for k, v in wmap.items()))
+
+            model = FLModel(
+                params_type=ParamsType.FULL,
+                params=global_params,
+                current_round=t,
+                total_rounds=self.num_rounds,
+            )
+            self.save_model(model)
+            self._save_state(out_dir, t, global_params, recorder.rows)
+            recorder.flush()
+
+        if self.evaluate_final:
+            results = self.send_model_and_wait(
+                task_name=TASK_VALIDATE,
+                data=FLModel(
+                    params_type=ParamsType.FULL, params=global_params, current_round=self.num_rounds
+                ),
+                targets=sorted(all_sites),
+            )
+            ok = [r for r in results if r.metrics and (r.meta or {}).get(META_NUM_SAMPLES) is not None]
+            if ok:
+                recorder.set_metrics(self.num_rounds, self._mean_metrics(ok))
+        recorder.flush()
+        for path in recorder.plot():
+            self.info(f"wrote {path}")
+        recorder.close()
+        self.info(f"metrics: {out_dir}")

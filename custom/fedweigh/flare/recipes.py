@@ -1,0 +1,158 @@
+"""Recipes in NVFlare's style: one object that builds a whole fedweigh job.
+
+    recipe = FedDRAWRecipe(name="synthcxr_feddraw", num_rounds=5, min_clients=4)
+    recipe.export("jobs")                 # a job folder for `nvflare simulator` / `submit_job`
+    recipe.execute(SimEnv(num_clients=4)) # or run it directly (SimEnv, PocEnv, ProdEnv)
+
+Every recipe pairs the :class:`~fedweigh.flare.controller.FedweighController` (server) with the
+fedweigh Client API script (clients) and a PyTorch model persistor for
+:class:`~fedweigh.models.FedweighNet`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
+from nvflare.app_opt.pt.job_config.model import PTModel
+from nvflare.job_config.script_runner import ScriptRunner
+from nvflare.recipe.spec import Recipe
+
+from fedweigh.flare.client import ClientArgs
+from fedweigh.flare.controller import FedweighController
+
+#: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
+CLIENT_SCRIPT = str(Path(__file__).with_name("fedweigh_client.py"))
+
+
+class ClientScriptRunner(ScriptRunner):
+    """``ScriptRunner`` that names its script by file name in the job config.
+
+    The stock runner writes the script's absolute path on the exporting machine into
+    ``task_script_path``; NVFlare also finds a script by file name under the app's ``custom/``
+    folder, which keeps exported jobs portable (and byte-identical across checkouts).
+    """
+
+    def add_to_fed_job(self, job, ctx, **kwargs):
+        from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+
+        tasks = kwargs.get("tasks", ["*"])
+        executor = ClientAPIExecutor(
+            task_script_path=Path(self._script).name,
+            task_script_args=self._script_args,
+            execution_mode=self._execution_mode,
+            params_exchange_format=self._params_exchange_format,
+            server_expected_format=self._server_expected_format,
+            params_transfer_type=self._params_transfer_type,
+            memory_gc_rounds=self._memory_gc_rounds,
+            cuda_empty_cache=self._cuda_empty_cache,
+        )
+        job.add_executor(executor, tasks=tasks, ctx=ctx)
+        job.add_resources(resources=[self._script], ctx=ctx)
+        return {}
+
+
+@dataclass
+class ModelSpec:
+    """Arguments of :class:`fedweigh.models.FedweighNet` (stored in the job, built at the server)."""
+
+    arch: str = "densenet_compact"
+    num_classes: int = 14
+    in_channels: int = 1
+    img_size: int = 32
+    norm: str = "batch"
+    seed: int = 0
+
+    def as_job_model(self) -> dict:
+        return {"path": "fedweigh.models.FedweighNet", "args": asdict(self)}
+
+
+@dataclass
+class SchemeSpec:
+    """Which weighting scheme the server runs, with its options."""
+
+    name: str = "fedavg"
+    args: dict = field(default_factory=dict)
+
+
+class FedweighRecipe(Recipe):
+    """A fedweigh job: a weighting scheme at the server, the shared training script at the sites.
+
+    Args:
+        name: job name (folder name on export).
+        scheme: registry name of the weighting scheme.
+        scheme_args: options of the scheme.
+        num_rounds: training rounds.
+        min_clients: sites needed to start and the minimum valid results per round.
+        client: arguments of the client script (dataset, scenario, model, loss, local training).
+        model: the global model; derived from ``client`` when omitted.
+        sample_fraction: fraction of sites sampled per round.
+        statistics: label-statistics exchange: ``"none"``, ``"plain"`` or ``"secure"``.
+        train_timeout: seconds to wait for a round's results (0 = wait for every sampled site).
+        resume_from: folder with the state of an earlier run to continue.
+        bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
+            deployment); by default the job expects fedweigh installed where it runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        scheme: str = "fedavg",
+        scheme_args: dict | None = None,
+        num_rounds: int = 5,
+        min_clients: int = 2,
+        client: ClientArgs | None = None,
+        model: ModelSpec | None = None,
+        sample_fraction: float = 1.0,
+        statistics: str = "none",
+        train_timeout: int = 0,
+        resume_from: str | None = None,
+        seed: int = 0,
+        bundle: bool = False,
+    ):
+        from fedweigh.data import dataset_info
+
+        self.client_args = client or ClientArgs()
+        if model is None:
+            info = dataset_info(self.client_args.dataset)
+            model = ModelSpec(
+                arch=self.client_args.arch,
+                num_classes=len(info["class_names"]),
+                img_size=self.client_args.size,
+                norm=self.client_args.norm,
+                seed=seed,
+            )
+        self.model_spec = model
+        loss_needs_stats = self.client_args.loss in ("pnb", "dafl", "class_balanced") and statistics != "none"
+        job = BaseFedJob(name=name, min_clients=min_clients, key_metric="val_auc")
+        if not bundle:
+            job.set_app_packages(["fedweigh"])
+        persistor = job.to_server(PTModel(model=model.as_job_model()), id="persistor")
+        persistor_id = (
+            persistor.get("persistor_id", "persistor") if isinstance(persistor, dict) else "persistor"
+        )
+        controller = FedweighController(
+            num_rounds=num_rounds,
+            min_clients=min_clients,
+            scheme=scheme,
+            scheme_args=scheme_args,
+            sample_fraction=sample_fraction,
+            statistics=statistics,
+            loss_needs_global_stats=loss_needs_stats,
+            train_timeout=train_timeout,
+            seed=seed,
+            resume_from=resume_from,
+            persistor_id=persistor_id,
+        )
+        job.to_server(controller, id="controller")
+        job.to_clients(ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv()))
+        super().__init__(job)
+
+
+class FedAvgBaselineRecipe(FedweighRecipe):
+    """FedAvg (w_k = N_k / N) with the fedweigh client; the reference every scheme is compared with."""
+
+    def __init__(self, *, name: str = "fedavg", **kwargs):
+        super().__init__(name=name, scheme="fedavg", **kwargs)

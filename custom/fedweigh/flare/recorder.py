@@ -1,0 +1,129 @@
+"""Per-round records of a fedweigh run: JSON, CSV, TensorBoard events and plots in the run folder."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from pathlib import Path
+
+from fedweigh.flare.constants import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
+
+logger = logging.getLogger("fedweigh.recorder")
+
+
+class RoundRecorder:
+    """Collects one row per round and writes them after each round (so a crash loses nothing).
+
+    A row: ``round`` (the global model after that many rounds; 0 = initial model), the averaged
+    client metrics of that model (``test_auc``, ``val_auc``, ...), and for training rounds the
+    sites, their weights and the scheme's schedule values.
+    """
+
+    def __init__(self, out_dir: str | Path, scheme: str, rows: list[dict] | None = None):
+        self.out_dir = Path(out_dir)
+        self.scheme = scheme
+        self.rows: list[dict] = list(rows or [])
+        self._tb = None
+
+    # -- writing -------------------------------------------------------------------------------
+    def _writer(self):
+        if self._tb is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(self.out_dir / "tb_events" / "global"))
+            except Exception as e:  # tensorboard missing: records still go to JSON/CSV
+                logger.warning("TensorBoard events disabled: %s", e)
+                self._tb = False
+        return self._tb or None
+
+    def set_metrics(self, round_index: int, metrics: dict[str, float]) -> None:
+        """Metrics of the global model after ``round_index`` rounds."""
+        row = self._row(round_index)
+        row.update({k: float(v) for k, v in metrics.items()})
+        tb = self._writer()
+        if tb is not None:
+            for key, value in metrics.items():
+                if math.isfinite(float(value)):
+                    tb.add_scalar(f"global/{key}", float(value), round_index)
+
+    def set_round(self, round_index: int, weights: dict[str, float], values: dict[str, float]) -> None:
+        """Sites, weights and schedule values of training round ``round_index``."""
+        row = self._row(round_index)
+        row["weights"] = {k: float(v) for k, v in weights.items()}
+        row.update({k: float(v) for k, v in values.items()})
+        tb = self._writer()
+        if tb is not None:
+            tb.add_scalars("weights", row["weights"], round_index)
+            for key, value in values.items():
+                tb.add_scalar(f"scheme/{key}", float(value), round_index)
+
+    def _row(self, round_index: int) -> dict:
+        for row in self.rows:
+            if row["round"] == round_index:
+                return row
+        row = {"round": round_index}
+        self.rows.append(row)
+        self.rows.sort(key=lambda r: r["round"])
+        return row
+
+    def flush(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / METRICS_JSON).write_text(
+            json.dumps({"scheme": self.scheme, "rounds": self.rows}, indent=1)
+        )
+        scalar_keys = sorted({k for r in self.rows for k, v in r.items() if k not in ("round", "weights")})
+        sites = sorted({s for r in self.rows for s in r.get("weights", {})})
+        with open(self.out_dir / METRICS_CSV, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites]])
+            for r in self.rows:
+                w = r.get("weights", {})
+                writer.writerow(
+                    [r["round"], *[r.get(k, "") for k in scalar_keys], *[w.get(s, "") for s in sites]]
+                )
+        if self._tb:
+            self._tb.flush()
+
+    def plot(self) -> list[Path]:
+        """Client-weight stacked area and AUC/GM by round; returns the written paths."""
+        from fedweigh.plots import plot_client_weights, plot_metric_by_round
+
+        written: list[Path] = []
+        weighted = [r for r in self.rows if r.get("weights")]
+        if weighted:
+            written.append(
+                plot_client_weights(
+                    [r["round"] for r in weighted],
+                    [r["weights"] for r in weighted],
+                    self.out_dir / WEIGHTS_PLOT,
+                    title=f"{self.scheme}: client weights by round",
+                )
+            )
+        keys = [k for k in ("test_auc", "test_gm", "val_auc", "val_gm") if any(k in r for r in self.rows)]
+        if keys:
+            rows = [r for r in self.rows if all(k in r for k in keys)]
+            if rows:
+                written.append(
+                    plot_metric_by_round(
+                        [r["round"] for r in rows],
+                        {k: [r[k] for r in rows] for k in keys},
+                        self.out_dir / AUC_PLOT,
+                        ylabel="macro score",
+                        title=f"{self.scheme}: global model by round",
+                    )
+                )
+        return written
+
+    def close(self) -> None:
+        if self._tb:
+            self._tb.close()
+            self._tb = None
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """Rows of a metrics JSON written by :class:`RoundRecorder`."""
+    data = json.loads(Path(path).read_text())
+    return list(data.get("rounds", []))

@@ -1,0 +1,77 @@
+"""Plots people would rather look at than read: client weights over rounds, metrics by round."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_client_weights(
+    rounds: Sequence[int], weights: Sequence[Mapping[str, float]], path: str | Path, title: str = ""
+) -> Path:
+    """Stacked area of each site's aggregation weight per round (one band per site).
+
+    Sites absent from a round (partial participation) contribute 0 there. Weights that do not sum to
+    one (FedNova acts on deltas with an effective step) are drawn as given.
+    """
+    plt = _pyplot()
+    sites = sorted({s for w in weights for s in w}, key=_site_key)
+    matrix = np.array([[float(w.get(s, 0.0)) for w in weights] for s in sites])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if len(sites) > 20:
+        ax.stackplot(rounds, matrix)
+    else:
+        ax.stackplot(rounds, matrix, labels=sites)
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    ax.set_xlabel("round")
+    ax.set_ylabel("aggregation weight")
+    ax.set_xlim(min(rounds), max(rounds)) if len(rounds) > 1 else None
+    ax.set_title(title or "client weights by round")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_metric_by_round(
+    rounds: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    path: str | Path,
+    ylabel: str,
+    title: str = "",
+) -> Path:
+    """One line per series (e.g. test AUC, test GM) against the round."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in series.items():
+        ax.plot(rounds, values, marker="o", label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _site_key(name: str):
+    """Natural sort: site-2 before site-10."""
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, 0)

@@ -1,0 +1,239 @@
+"""One site's local work — data, model, loss, training, evaluation — without NVFlare.
+
+The NVFlare client script (:mod:`fedweigh.flare.client`) and the in-process benchmark both drive a
+:class:`SiteTrainer`, so the two can never train differently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedweigh.data.base import LabeledImages, SiteData
+
+logger = logging.getLogger("fedweigh.site")
+
+
+@dataclass
+class ClientArgs:
+    """Arguments of the client script (the job's ``train_args``)."""
+
+    dataset: str = "synthcxr"
+    scenario: str = "iid-4"
+    data_path: str | None = None
+    loader_options: dict = field(default_factory=dict)
+    size: int = 32
+    num_images: int | None = None
+    seed: int = 0
+    arch: str = "densenet_compact"
+    norm: str = "batch"
+    loss: str = "default"
+    loss_options: dict = field(default_factory=dict)
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    max_steps: int | None = None
+    threads: int = 0
+    eval_test: bool = True
+
+    def to_argv(self) -> str:
+        """The command line that reproduces these arguments (for ``ScriptRunner``)."""
+        parts: list[str] = []
+        for name, default in ClientArgs().__dict__.items():
+            value = getattr(self, name)
+            if value == default:
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                parts.append(flag if value else "--no-" + name.replace("_", "-"))
+            elif isinstance(value, dict):
+                parts.append(f"{flag} '{json.dumps(value, sort_keys=True)}'")
+            else:
+                parts.append(f"{flag} {value}")
+        return " ".join(parts)
+
+
+def parse_args(argv: list[str] | None = None) -> ClientArgs:
+    defaults = ClientArgs()
+    p = argparse.ArgumentParser(description="fedweigh NVFlare client")
+    p.add_argument("--dataset", default=defaults.dataset)
+    p.add_argument("--scenario", default=defaults.scenario)
+    p.add_argument("--data-path", default=None)
+    p.add_argument(
+        "--loader-options",
+        type=json.loads,
+        default={},
+        help='JSON, e.g. {"uncertainty": "zeros"} for CheXpert',
+    )
+    p.add_argument("--size", type=int, default=defaults.size)
+    p.add_argument("--num-images", type=int, default=None)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--arch", default=defaults.arch)
+    p.add_argument("--norm", default=defaults.norm)
+    p.add_argument("--loss", default=defaults.loss)
+    p.add_argument("--loss-options", type=json.loads, default={})
+    p.add_argument("--epochs", type=int, default=defaults.epochs)
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    p.add_argument("--lr", type=float, default=defaults.lr)
+    p.add_argument("--optimizer", default=defaults.optimizer)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--threads", type=int, default=defaults.threads, help="torch threads; 0 = automatic")
+    p.add_argument("--eval-test", action=argparse.BooleanOptionalAction, default=defaults.eval_test)
+    ns = p.parse_args(argv)
+    return ClientArgs(**vars(ns))
+
+
+class SiteTrainer:
+    """A site's data, model and loss, and the local work of one round.
+
+    Args:
+        site: the site's train/val splits.
+        test: the test set the global model is scored on (the global test set in simulation).
+        args: model, loss and local-training settings.
+        threads: torch intra-op threads for this site (None = leave torch's setting).
+    """
+
+    def __init__(self, site: SiteData, test: LabeledImages, args: ClientArgs, threads: int | None = None):
+        import torch
+
+        from fedweigh.models import build_model
+
+        self.site_name = site.name
+        self.site = site
+        self.test = test
+        self.args = args
+        if threads:
+            torch.set_num_threads(threads)
+        train: LabeledImages = site.train
+        self.model = build_model(
+            args.arch,
+            num_classes=train.num_classes,
+            in_channels=int(train.images.shape[1]),
+            img_size=int(train.images.shape[-1]),
+            norm=args.norm,
+            seed=args.seed,
+        )
+        self.class_counts = train.label_histogram()
+        #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
+        self.global_stats: dict | None = None
+        #: The NVFlare job this trainer serves (names the per-job cache of global statistics).
+        self.job_id = "local"
+        logger.info(
+            "%s: %d train / %d val images, %d test, %d classes",
+            site.name,
+            len(train),
+            len(site.val),
+            len(test),
+            train.num_classes,
+        )
+
+    def make_loss(self):
+        """The configured loss, built from this site's (and, if known, the global) label statistics."""
+        if self.args.loss in ("default", "bce", "ce") and not self.args.loss_options:
+            return None  # the training module's default (BCE / CE)
+        from fedweigh.losses import LossContext, build_loss
+
+        gs = self.global_stats or {}
+        ctx = LossContext(
+            task=self.site.train.task,
+            num_classes=self.site.train.num_classes,
+            class_counts=self.class_counts,
+            num_samples=len(self.site.train),
+            global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
+            global_num_samples=gs.get("num_samples"),
+            client_level_parameter=gs.get("client_level_parameter"),
+        )
+        return build_loss(self.args.loss, ctx, **self.args.loss_options)
+
+    def evaluate(self) -> dict[str, float]:
+        """Metrics of the current model on the local validation split (``val_*``) and the test set (``test_*``)."""
+        from fedweigh.train import evaluate
+
+        metrics = {f"val_{k}": v for k, v in evaluate(self.model, self.site.val).items()}
+        if self.args.eval_test:
+            metrics.update({f"test_{k}": v for k, v in evaluate(self.model, self.test).items()})
+        return metrics
+
+    def train(self, global_params: dict | None, fedprox_mu: float, round_seed: int):
+        from fedweigh.train import TrainConfig, train_local
+
+        cfg = TrainConfig(
+            epochs=self.args.epochs,
+            batch_size=self.args.batch_size,
+            lr=self.args.lr,
+            optimizer=self.args.optimizer,
+            max_steps=self.args.max_steps,
+            fedprox_mu=fedprox_mu,
+            seed=round_seed,
+        )
+        return train_local(
+            self.model, self.site.train, cfg, loss_fn=self.make_loss(), global_params=global_params
+        )
+
+    def scheme_scalars(self, plan: dict, params: dict, global_params: dict) -> dict[str, float]:
+        """The scalars the server's scheme asked for, computed here by the scheme's own code."""
+        from fedweigh.weighting import get_scheme
+
+        scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
+        gs = self.global_stats or {}
+        scalars = scheme.client_scalars(
+            class_counts=np.asarray(self.class_counts),
+            num_samples=len(self.site.train),
+            global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
+            global_num_samples=gs.get("num_samples"),
+            params=params,
+            global_params=global_params,
+        )
+        wanted = set(plan.get("scalars") or scalars)
+        return {k: float(v) for k, v in scalars.items() if k in wanted}
+
+    def run_round(self, global_params: dict, round_index: int, plan: dict | None = None) -> RoundOutput:
+        """Evaluate the received global model, train on it, and report what the scheme needs.
+
+        ``plan`` is what the server sends with the task: ``scheme``, ``scheme_args``, ``scalars`` (the
+        names the scheme needs from clients) and ``fedprox_mu``.
+        """
+        import torch
+
+        from fedweigh.train import get_params, set_params
+
+        plan = plan or {}
+        set_params(self.model, global_params)
+        metrics = self.evaluate()
+        global_np = {
+            k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+            for k, v in global_params.items()
+        }
+        mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
+        prox = {k: torch.as_tensor(v) for k, v in global_np.items()} if mu > 0 else None
+        result = self.train(prox, mu, round_seed(self.args.seed, self.site_name, round_index))
+        params = get_params(self.model)
+        scalars = self.scheme_scalars(plan, params, global_np) if plan.get("scheme") else {}
+        return RoundOutput(
+            params=params,
+            num_steps=result.num_steps,
+            num_samples=result.num_samples,
+            metrics={**metrics, "train_loss": result.mean_loss},
+            scalars=scalars,
+        )
+
+
+@dataclass
+class RoundOutput:
+    """What a site sends back after a round of local training."""
+
+    params: dict[str, np.ndarray]
+    num_steps: int
+    num_samples: int
+    metrics: dict[str, float]
+    scalars: dict[str, float]
+
+
+def round_seed(base: int, site_name: str, round_index: int) -> int:
+    """A per-site, per-round seed so shuffling differs across rounds but runs are reproducible."""
+    return (base * 1_000_003 + sum(map(ord, site_name)) * 7919 + round_index) % (2**31 - 1)

@@ -1,0 +1,284 @@
+"""The contract between clients and weighting schemes.
+
+A client's result is reduced to a :class:`ClientReport` (site name, N_k, local steps, the scalars
+the client computed and, only in plaintext mode and only when a scheme needs them, its parameters).
+A :class:`WeightingScheme` turns one round's reports into one weight per client. Weights act on
+deltas (design.md, "The contract between clients and schemes"):
+
+    theta_g^t = theta_g^{t-1} + sum_k w_k (theta_k^t - theta_g^{t-1})
+
+which equals the weighted average of client models whenever sum_k w_k = 1.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+Params = dict[str, np.ndarray]
+IntegerBufferRule = Literal["weighted", "max"]
+
+#: Scalar names a client may report (see each scheme's ``client_scalars``).
+KNOWN_SCALARS: tuple[str, ...] = ("similarity", "skew", "imbalance", "discrepancy")
+
+
+@dataclass
+class ClientReport:
+    """What the server knows about one client after a round of local training.
+
+    name: site name (unique within a round).
+    num_samples: N_k, the client's number of training samples (> 0).
+    num_steps: tau_k, local optimisation steps taken this round (>= 1; FedNova).
+    scalars: client-computed statistics: "similarity", "skew", "imbalance", "discrepancy".
+    params: the client's full parameters after local training (plaintext mode only).
+    """
+
+    name: str
+    num_samples: int
+    num_steps: int = 1
+    scalars: dict[str, float] = field(default_factory=dict)
+    params: dict[str, np.ndarray] | None = None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_round(round_index: int, num_rounds: int) -> None:
+    """Raise ValueError unless 1 <= round_index <= num_rounds (rounds are 1-based)."""
+    if not _is_int(num_rounds) or num_rounds < 1:
+        raise ValueError(f"num_rounds must be an integer >= 1, got {num_rounds!r}")
+    if not _is_int(round_index) or not 1 <= round_index <= num_rounds:
+        raise ValueError(f"round_index must be an integer in 1..{num_rounds} (1-based), got {round_index!r}")
+
+
+def check_reports(
+    reports: Sequence[ClientReport],
+    *,
+    scheme: str,
+    scalars: Sequence[str] = (),
+    params: bool = False,
+) -> np.ndarray:
+    """Validate one round's reports and return N_k as a float64 vector.
+
+    Raises ValueError for: no reports; a duplicate site name; N_k or tau_k that is not a positive
+    integer; a reported scalar that is not a finite number; a missing required scalar; missing
+    parameters when ``params`` is true. Every message names the scheme and the client.
+    """
+    if reports is None or len(reports) == 0:
+        raise ValueError(f"{scheme}: no client reports for this round")
+    seen: set[str] = set()
+    sizes = np.empty(len(reports), dtype=np.float64)
+    for i, rep in enumerate(reports):
+        if not isinstance(rep, ClientReport):
+            raise ValueError(f"{scheme}: report #{i} is a {type(rep).__name__}, expected ClientReport")
+        who = f"{scheme}: client {rep.name!r}"
+        if rep.name in seen:
+            raise ValueError(f"{who} reported twice in one round")
+        seen.add(rep.name)
+        if not _is_int(rep.num_samples) or rep.num_samples <= 0:
+            raise ValueError(f"{who}: num_samples must be a positive integer, got {rep.num_samples!r}")
+        if not _is_int(rep.num_steps) or rep.num_steps <= 0:
+            raise ValueError(f"{who}: num_steps must be a positive integer, got {rep.num_steps!r}")
+        for key, value in rep.scalars.items():
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{who}: scalar {key!r} is not a number: {value!r}") from None
+            if not math.isfinite(number):
+                raise ValueError(f"{who}: scalar {key!r} is not finite: {number!r}")
+        for key in scalars:
+            if key not in rep.scalars:
+                raise ValueError(
+                    f"{who}: missing required scalar {key!r} (reported: {sorted(rep.scalars) or 'none'})"
+                )
+        if params and rep.params is None:
+            raise ValueError(f"{who}: sent no parameters, but this scheme needs plaintext client parameters")
+        sizes[i] = float(rep.num_samples)
+    return sizes
+
+
+def scalar_vector(reports: Sequence[ClientReport], key: str, *, scheme: str, nonnegative: bool) -> np.ndarray:
+    """The reported scalar ``key`` of every client as float64 (reports already validated)."""
+    values = np.array([float(rep.scalars[key]) for rep in reports], dtype=np.float64)
+    if nonnegative:
+        for rep, v in zip(reports, values, strict=True):
+            if v < 0:
+                raise ValueError(
+                    f"{scheme}: client {rep.name!r}: scalar {key!r} must be >= 0, got {v!r} "
+                    "(if the scalar is noised for privacy, clip it to its valid range before sending)"
+                )
+    return values
+
+
+def normalise(values: np.ndarray, *, what: str) -> np.ndarray:
+    """values / sum(values) for non-negative values with a positive sum."""
+    total = float(np.sum(values))
+    if not math.isfinite(total) or total <= 0:
+        raise ValueError(f"cannot normalise {what}: sum is {total!r}")
+    return values / total
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable softmax of a vector."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - np.max(z)
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def check_params_match(
+    name: str, params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray]
+) -> None:
+    """Raise ValueError naming the client and key if its parameters differ in keys or shapes."""
+    missing = [k for k in global_params if k not in params]
+    if missing:
+        raise ValueError(f"client {name!r}: parameters lack {len(missing)} key(s), first {missing[0]!r}")
+    extra = [k for k in params if k not in global_params]
+    if extra:
+        raise ValueError(f"client {name!r}: unexpected parameter key(s), first {extra[0]!r}")
+    for k, g in global_params.items():
+        if np.shape(params[k]) != np.shape(g):
+            raise ValueError(
+                f"client {name!r}: parameter {k!r} has shape {np.shape(params[k])}, global has {np.shape(g)}"
+            )
+
+
+def _first_nonfinite(reports: Sequence[ClientReport], key: str) -> str:
+    for rep in reports:
+        assert rep.params is not None
+        if not np.all(np.isfinite(rep.params[key])):
+            return rep.name
+    return "<global parameters>"
+
+
+@dataclass(kw_only=True)
+class WeightingScheme(ABC):
+    """Base class of every server-side weighting scheme.
+
+    Class attributes declare what a scheme needs (a mode-dependent scheme may override them per
+    instance): ``needs_params`` (plaintext client parameters at the server), ``needs_global_histogram``
+    (clients need the securely aggregated global label histogram), ``he_compatible`` (usable when
+    updates are homomorphically encrypted) and ``required_scalars`` (client-reported scalars).
+
+    integer_buffers: how ``aggregate`` treats non-float arrays such as BatchNorm's
+        ``num_batches_tracked``: "weighted" (default) adds round(sum_k w_k (b_k - b_g)) to the global
+        value, the same rule as float arrays rounded to the integer grid; "max" takes the element-wise
+        maximum over the clients.
+    """
+
+    name: ClassVar[str] = ""
+    needs_params: ClassVar[bool] = False
+    needs_global_histogram: ClassVar[bool] = False
+    he_compatible: ClassVar[bool] = True
+    required_scalars: ClassVar[tuple[str, ...]] = ()
+
+    integer_buffers: IntegerBufferRule = "weighted"
+    #: Intermediate quantities of the last ``weights`` call (for logging; not state).
+    last_details: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.integer_buffers not in ("weighted", "max"):
+            raise ValueError(f"integer_buffers must be 'weighted' or 'max', got {self.integer_buffers!r}")
+
+    # ----------------------------------------------------------------------------------- client side
+    def client_scalars(
+        self,
+        *,
+        class_counts: np.ndarray,
+        num_samples: int,
+        global_class_counts: np.ndarray | None = None,
+        global_num_samples: int | None = None,
+        params: dict[str, np.ndarray] | None = None,
+        global_params: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, float]:
+        """The scalars the CLIENT computes and reports for this scheme (default: none)."""
+        return {}
+
+    # ----------------------------------------------------------------------------------- server side
+    @abstractmethod
+    def weights(
+        self,
+        reports: Sequence[ClientReport],
+        global_params: dict[str, np.ndarray] | None,
+        round_index: int,
+        num_rounds: int,
+    ) -> np.ndarray:
+        """One float64 weight per report, in report order, acting on deltas (round_index is 1-based)."""
+
+    def aggregate(
+        self,
+        global_params: dict[str, np.ndarray],
+        reports: Sequence[ClientReport],
+        weights: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """theta_g + sum_k w_k (theta_k - theta_g), key by key; returns new arrays, inputs untouched.
+
+        Float arrays are updated in their own dtype (float32 stays float32): the delta
+        theta_k - theta_g is formed first, so rounding is relative to the update, not to theta.
+        Non-float arrays follow ``integer_buffers``.
+        """
+        if global_params is None:
+            raise ValueError(f"{self.name}: aggregate needs the global parameters")
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(reports),):
+            raise ValueError(f"{self.name}: {w.size} weight(s) for {len(reports)} report(s)")
+        if not np.all(np.isfinite(w)):
+            raise ValueError(f"{self.name}: weights are not all finite: {w.tolist()}")
+        for rep in reports:
+            if rep.params is None:
+                raise ValueError(
+                    f"{self.name}: client {rep.name!r} sent no parameters; plaintext aggregation needs them "
+                    "(under HE the weighted sum is formed on ciphertexts instead)"
+                )
+            check_params_match(rep.name, rep.params, global_params)
+        out: dict[str, np.ndarray] = {}
+        for key, g in global_params.items():
+            g = np.asarray(g)
+            if np.issubdtype(g.dtype, np.floating):
+                acc = np.zeros_like(g)
+                buf = np.empty_like(g)
+                for rep, wk in zip(reports, w, strict=True):
+                    assert rep.params is not None
+                    np.subtract(rep.params[key], g, out=buf, casting="same_kind")
+                    buf *= g.dtype.type(wk)
+                    acc += buf
+                acc += g
+                if not np.all(np.isfinite(acc)):
+                    raise ValueError(
+                        f"{self.name}: non-finite values in parameter {key!r} from client "
+                        f"{_first_nonfinite(reports, key)!r}"
+                    )
+                out[key] = acc
+            else:
+                out[key] = self._aggregate_integer(key, g, reports, w)
+        return out
+
+    def _aggregate_integer(
+        self, key: str, g: np.ndarray, reports: Sequence[ClientReport], w: np.ndarray
+    ) -> np.ndarray:
+        stack = [np.asarray(rep.params[key]) for rep in reports if rep.params is not None]
+        if self.integer_buffers == "max":
+            return np.asarray(np.maximum.reduce([s.astype(g.dtype) for s in stack]), dtype=g.dtype).reshape(
+                g.shape
+            )
+        delta = np.zeros(g.shape, dtype=np.float64)
+        g64 = g.astype(np.float64)
+        for s, wk in zip(stack, w, strict=True):
+            delta += wk * (s.astype(np.float64) - g64)
+        return (g64 + np.rint(delta)).astype(g.dtype)
+
+    # ----------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """Cross-round state, JSON-serialisable (default: stateless)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (default: stateless, accepts {})."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{self.name}: state must be a dict, got {type(state).__name__}")

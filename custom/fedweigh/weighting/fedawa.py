@@ -1,0 +1,138 @@
+"""FedAWA: adaptive aggregation weights from client vectors.
+
+Shi et al., CVPR 2025, "FedAWA: Adaptive Optimization of Aggregation Weights in Federated Learning
+Using Client Vectors". Server logits T (one per site), lambda = softmax(T) over the round's clients,
+client vectors tau_k = Delta_k = theta_k - theta_g. Objective:
+
+    L(T) = sum_k lambda_k (1 - cos(theta_g, theta_k)) + sum_k lambda_k ||tau_k - sum_j lambda_j tau_j||_2
+
+The round aggregates with the current (pre-step) lambda, then takes one Adam step on T (lr 1e-3,
+betas (0.5, 0.999), eps 1e-8; torch.optim.Adam's update rule) for the next round.
+
+The gradient is exact and needs only inner products (G = Gram matrix of the tau's, m = sum lambda tau,
+e_k = ||tau_k - m||, c_k = 1 - cos(theta_g, theta_k)):
+
+    dL/dlambda_i = c_i + e_i - sum_k lambda_k (G_ki - (G lambda)_i) / e_k      (terms with e_k = 0 drop)
+    dL/dT_j      = lambda_j (dL/dlambda_j - sum_i lambda_i dL/dlambda_i)
+
+READING for partial participation: logits, Adam moments and Adam step counts are kept per site name;
+a site seen for the first time starts at T_k = log(N_k / N) with N summed over that round's clients;
+a site that skips a round keeps its state untouched. Needs plaintext client models (not HE).
+
+State (JSON): {"logits", "exp_avg", "exp_avg_sq", "steps"}, each {site: value}.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, softmax
+from fedweigh.weighting.geometry import DeltaGram, delta_gram
+
+
+def fedawa_objective_and_grad(logits: np.ndarray, gram: DeltaGram) -> tuple[float, np.ndarray]:
+    """L(T) and dL/dT for the FedAWA objective, from the round's inner products."""
+    lam = softmax(logits)
+    g = gram.gram
+    cos_term = 1.0 - gram.param_cosines()
+    e = gram.distances_to_mix(lam)
+    glam = g @ lam
+    objective = float(lam @ cos_term + lam @ e)
+    safe = np.where(e > 0, e, 1.0)
+    coeff = np.where(e > 0, lam / safe, 0.0)  # lambda_k / e_k
+    # sum_k coeff_k (G_ki - (G lambda)_i)
+    cross = g.T @ coeff - glam * coeff.sum()
+    d_lam = cos_term + e - cross
+    d_logits = lam * (d_lam - lam @ d_lam)
+    return objective, d_logits
+
+
+@dataclass(kw_only=True)
+class FedAWAWeights(WeightingScheme):
+    """lambda = softmax(T); one Adam step on T per round after the weights are handed out."""
+
+    name: ClassVar[str] = "fedawa"
+    needs_params: ClassVar[bool] = True
+    he_compatible: ClassVar[bool] = False
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.5, 0.999)
+    adam_eps: float = 1e-8
+    logits: dict[str, float] = field(default_factory=dict, init=False)
+    exp_avg: dict[str, float] = field(default_factory=dict, init=False)
+    exp_avg_sq: dict[str, float] = field(default_factory=dict, init=False)
+    steps: dict[str, int] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ValueError(f"fedawa: lr must be a positive number, got {self.lr!r}")
+        b1, b2 = self.betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"fedawa: betas must lie in [0, 1), got {self.betas!r}")
+        if not math.isfinite(self.adam_eps) or self.adam_eps <= 0:
+            raise ValueError(f"fedawa: adam_eps must be a positive number, got {self.adam_eps!r}")
+
+    def weights(
+        self,
+        reports: Sequence[ClientReport],
+        global_params: dict[str, np.ndarray] | None,
+        round_index: int,
+        num_rounds: int,
+    ) -> np.ndarray:
+        """Returns the pre-step lambda and advances the logits by one Adam step: call once per round."""
+        check_round(round_index, num_rounds)
+        n = check_reports(reports, scheme=self.name, params=True)
+        if global_params is None:
+            raise ValueError("fedawa: the global parameters are required")
+        names = [r.name for r in reports]
+        gram = delta_gram(global_params, [r.params for r in reports], names)  # type: ignore[misc]
+        p = n / n.sum()
+        for name, pk in zip(names, p, strict=True):
+            if name not in self.logits:
+                self.logits[name] = float(math.log(pk))
+                self.exp_avg[name] = 0.0
+                self.exp_avg_sq[name] = 0.0
+                self.steps[name] = 0
+        logits = np.array([self.logits[nm] for nm in names])
+        lam = softmax(logits)
+        objective, grad = fedawa_objective_and_grad(logits, gram)
+        b1, b2 = self.betas
+        for name, t_k, g_k in zip(names, logits, grad, strict=True):
+            step = self.steps[name] + 1
+            m = b1 * self.exp_avg[name] + (1.0 - b1) * g_k
+            v = b2 * self.exp_avg_sq[name] + (1.0 - b2) * g_k * g_k
+            m_hat = m / (1.0 - b1**step)
+            v_hat = v / (1.0 - b2**step)
+            self.logits[name] = float(t_k - self.lr * m_hat / (math.sqrt(v_hat) + self.adam_eps))
+            self.exp_avg[name] = float(m)
+            self.exp_avg_sq[name] = float(v)
+            self.steps[name] = step
+        self.last_details = {"objective": objective, "gradient": grad.tolist(), "lambda": lam.tolist()}
+        return lam
+
+    def state_dict(self) -> dict:
+        return {
+            "logits": dict(self.logits),
+            "exp_avg": dict(self.exp_avg),
+            "exp_avg_sq": dict(self.exp_avg_sq),
+            "steps": dict(self.steps),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        try:
+            logits = {str(k): float(v) for k, v in state.get("logits", {}).items()}
+            m = {str(k): float(v) for k, v in state.get("exp_avg", {}).items()}
+            v = {str(k): float(x) for k, x in state.get("exp_avg_sq", {}).items()}
+            steps = {str(k): int(x) for k, x in state.get("steps", {}).items()}
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"fedawa: malformed state: {exc}") from None
+        if not (set(logits) == set(m) == set(v) == set(steps)):
+            raise ValueError("fedawa: state entries name different sites")
+        self.logits, self.exp_avg, self.exp_avg_sq, self.steps = logits, m, v, steps

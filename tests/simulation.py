@@ -1,0 +1,28 @@
+"""Helpers that export a recipe and run it with `nvflare simulator`, as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fedweigh.cli import find_server_app_dir
+from fedweigh.flare.recorder import load_rows
+
+
+def run_recipe_in_simulator(recipe, tmp_path: Path, n_clients: int, timeout: int = 420) -> tuple[list[dict], Path]:
+    """Export ``recipe`` under tmp_path/jobs, simulate it with n clients / n threads, return (rows, app dir)."""
+    jobs = tmp_path / "jobs"
+    recipe.export(str(jobs))
+    job_dir = jobs / recipe.name
+    workspace = tmp_path / "ws"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job_dir), "-w", str(workspace),
+           "-n", str(n_clients), "-t", str(n_clients)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    app = find_server_app_dir(workspace)
+    if proc.returncode != 0 or app is None:
+        logs = "\n".join(p.read_text()[-3000:] for p in workspace.rglob("log.txt"))
+        raise AssertionError(f"simulator failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
+    return load_rows(app / "fedweigh_metrics.json"), app

@@ -1,0 +1,134 @@
+"""FedAvg, FedProx, FedNova, FedAdp, IDA and FedDisco against hand-computed values."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fedweigh.weighting import ClientReport, get_scheme
+from fedweigh.weighting.fedadp import gompertz
+from fedweigh.weighting.feddisco import kl_discrepancy
+
+
+def vec_reports(global_vec, deltas, sizes, names=None, steps=None):
+    names = names or [f"c{i}" for i in range(len(deltas))]
+    steps = steps or [1] * len(deltas)
+    return [
+        ClientReport(nm, n, num_steps=s, params={"w": global_vec + np.asarray(d, dtype=np.float64)})
+        for nm, d, n, s in zip(names, deltas, sizes, steps, strict=True)
+    ]
+
+
+G = {"w": np.array([0.5, -1.0])}
+
+
+def test_fedavg_and_fedprox():
+    reps = [ClientReport("a", 1), ClientReport("b", 3)]
+    np.testing.assert_allclose(get_scheme("fedavg").weights(reps, None, 1, 1), [0.25, 0.75], rtol=1e-15)
+    prox = get_scheme("fedprox")
+    np.testing.assert_allclose(prox.weights(reps, None, 1, 1), [0.25, 0.75], rtol=1e-15)
+    assert prox.client_mu == 0.001
+    with pytest.raises(ValueError, match="client_mu"):
+        get_scheme("fedprox", client_mu=-1.0)
+
+
+def test_fednova_closed_form():
+    # p = (0.25, 0.75), tau = (10, 30): tau_eff = 25; w = (25 * 0.25 / 10, 25 * 0.75 / 30) = (0.625, 0.625)
+    reps = vec_reports(G["w"], [[1.0, 0.0], [0.0, 2.0]], [100, 300], steps=[10, 30])
+    scheme = get_scheme("fednova")
+    w = scheme.weights(reps, G, 1, 3)
+    np.testing.assert_allclose(w, [0.625, 0.625], rtol=1e-15)
+    new = scheme.aggregate(G, reps, w)["w"]
+    closed = G["w"] - 25 * (
+        0.25 * (G["w"] - reps[0].params["w"]) / 10 + 0.75 * (G["w"] - reps[1].params["w"]) / 30
+    )
+    np.testing.assert_allclose(new, closed, rtol=1e-15)
+    # equal steps -> FedAvg
+    reps_eq = vec_reports(G["w"], [[1.0, 0.0], [0.0, 2.0]], [100, 300], steps=[7, 7])
+    np.testing.assert_allclose(scheme.weights(reps_eq, G, 1, 3), [0.25, 0.75], rtol=1e-15)
+
+
+def test_fedadp_two_rounds_of_smoothing_and_state():
+    scheme = get_scheme("fedadp")
+    # round 1: deltas (1, 0), (0, 1), N = (1, 3): mean delta (0.25, 0.75)
+    r1 = vec_reports(G["w"], [[1.0, 0.0], [0.0, 1.0]], [1, 3])
+    norm = math.sqrt(0.25**2 + 0.75**2)
+    a1 = np.array([math.acos(0.25 / norm), math.acos(0.75 / norm)])
+    w1 = scheme.weights(r1, G, 1, 5)
+    e1 = np.array([1, 3]) * np.exp(gompertz(a1))
+    np.testing.assert_allclose(w1, e1 / e1.sum(), rtol=1e-12)
+    # Gompertz by hand at angle 1: 5 (1 - e^{-1})
+    assert gompertz(np.array([1.0]))[0] == pytest.approx(5 * (1 - math.exp(-1)))
+    saved = json.loads(json.dumps(scheme.state_dict()))
+    # round 2: identical deltas -> angles 0; smoothed = (1/2) a1 + 0 / 2
+    r2 = vec_reports(G["w"], [[1.0, 1.0], [1.0, 1.0]], [1, 3])
+    w2 = scheme.weights(r2, G, 2, 5)
+    e2 = np.array([1, 3]) * np.exp(gompertz(a1 / 2))
+    np.testing.assert_allclose(w2, e2 / e2.sum(), rtol=1e-12)
+    np.testing.assert_allclose(scheme.last_details["smoothed_angle"], a1 / 2, rtol=1e-12)
+    # restored state gives the same round-2 weights
+    other = get_scheme("fedadp")
+    other.load_state_dict(saved)
+    np.testing.assert_array_equal(other.weights(r2, G, 2, 5), w2)
+
+
+def test_fedadp_late_joiner_starts_from_its_own_angle():
+    scheme = get_scheme("fedadp")
+    scheme.weights(vec_reports(G["w"], [[1.0, 0.0], [0.0, 1.0]], [1, 1], names=["a", "b"]), G, 1, 3)
+    scheme.weights(vec_reports(G["w"], [[1.0, 0.0], [0.0, 1.0]], [1, 1], names=["a", "late"]), G, 2, 3)
+    assert scheme.participations == {"a": 2, "b": 1, "late": 1}
+    assert scheme.smoothed_angle["late"] == pytest.approx(math.pi / 4)
+    assert scheme.smoothed_angle["a"] == pytest.approx(math.pi / 4)
+
+
+def test_ida_by_hand_and_guards():
+    # deltas 0, 1, 5 (1-D): mean 2 -> distances (2, 1, 3) -> inverse (1/2, 1, 1/3) / (11/6)
+    g = {"w": np.array([0.7])}
+    reps = vec_reports(g["w"], [[0.0], [1.0], [5.0]], [10, 20, 30])
+    np.testing.assert_allclose(get_scheme("ida").weights(reps, g, 1, 2), [3 / 11, 6 / 11, 2 / 11], rtol=1e-12)
+    same = vec_reports(g["w"], [[1.0], [1.0]], [10, 90])
+    np.testing.assert_allclose(get_scheme("ida").weights(same, g, 1, 2), [0.5, 0.5], rtol=1e-15)
+
+
+def test_feddisco_client_discrepancy_by_hand():
+    scheme = get_scheme("feddisco")
+    sc = scheme.client_scalars(
+        class_counts=np.array([1, 3]), num_samples=4, global_class_counts=np.array([2, 2])
+    )
+    assert sc["discrepancy"] == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
+    # a site missing a class: D_k = (0, 1), D_glob = (0.5, 0.5) -> log 2, no NaN
+    sc0 = scheme.client_scalars(
+        class_counts=np.array([0, 4]), num_samples=4, global_class_counts=np.array([4, 4])
+    )
+    assert sc0["discrepancy"] == pytest.approx(math.log(2))
+    assert kl_discrepancy(np.array([2, 2]), np.array([5, 5])) == 0.0
+    with pytest.raises(ValueError, match="global class histogram"):
+        scheme.client_scalars(class_counts=np.array([1, 3]), num_samples=4)
+
+
+def test_feddisco_weights_by_hand():
+    reps = [
+        ClientReport("a", 100, scalars={"discrepancy": 0.2}),
+        ClientReport("b", 300, scalars={"discrepancy": 0.6}),
+    ]
+    # p = (0.25, 0.75), d~ = (0.25, 0.75): raw = (0.25 - 0.125 + 0.1, 0.75 - 0.375 + 0.1) = (0.225, 0.475)
+    np.testing.assert_allclose(
+        get_scheme("feddisco").weights(reps, None, 1, 2), [0.225 / 0.7, 0.475 / 0.7], rtol=1e-14
+    )
+    # ReLU clips a client: a = 2, b = 0 -> raw = (0.25 - 0.5, 0.75 - 1.5) -> all zero -> size weights
+    np.testing.assert_allclose(get_scheme("feddisco", a=2.0, b=0.0).weights(reps, None, 1, 2), [0.25, 0.75])
+    # a = 1, b = 0.05: raw = (0.25 - 0.25 + 0.05, 0.75 - 0.75 + 0.05) = (0.05, 0.05)
+    np.testing.assert_allclose(get_scheme("feddisco", a=1.0, b=0.05).weights(reps, None, 1, 2), [0.5, 0.5])
+    # all discrepancies zero -> (p + b) / sum
+    zero = [
+        ClientReport("a", 100, scalars={"discrepancy": 0.0}),
+        ClientReport("b", 300, scalars={"discrepancy": 0.0}),
+    ]
+    np.testing.assert_allclose(
+        get_scheme("feddisco").weights(zero, None, 1, 2), [0.35 / 1.2, 0.85 / 1.2], rtol=1e-14
+    )
+    with pytest.raises(ValueError, match="'b'.*'discrepancy' must be >= 0"):
+        get_scheme("feddisco").weights(
+            [zero[0], ClientReport("b", 3, scalars={"discrepancy": -0.1})], None, 1, 2
+        )
