@@ -21,7 +21,13 @@ import numpy as np
 
 from fedweigh.flare.secure_statistics import SecureExchange
 from fedweigh.flare.statistics import decode_sum, statistics_vector
-from fedweigh.secure import CLIENT_CONTEXT_FILE, CONTEXT_DIR_ENV, SERVER_CONTEXT_FILE, load_context, save_context_files
+from fedweigh.secure import (
+    CLIENT_CONTEXT_FILE,
+    CONTEXT_DIR_ENV,
+    SERVER_CONTEXT_FILE,
+    load_context,
+    save_context_files,
+)
 
 TARGET_S = 2.0
 NUM_CLASSES = 14
@@ -85,7 +91,9 @@ def main() -> None:
 
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(f"secure statistics phase, {args.sites} sites x {NUM_CLASSES} findings, {os.cpu_count()} CPU cores")
-    print(f"  context load: {CLIENT_CONTEXT_FILE} {load_client * 1e3:.1f} ms, {SERVER_CONTEXT_FILE} {load_server * 1e3:.1f} ms")
+    print(
+        f"  context load: {CLIENT_CONTEXT_FILE} {load_client * 1e3:.1f} ms, {SERVER_CONTEXT_FILE} {load_server * 1e3:.1f} ms"
+    )
     print(f"  payload per site: {med['payload_kb']:.0f} KiB of base64 ciphertext")
     print(
         f"  encrypt {med['encrypt']:.3f} s | check+sum {med['check+sum']:.3f} s | decrypt {med['decrypt']:.3f} s"
@@ -93,7 +101,9 @@ def main() -> None:
     )
     print(f"  total {med['total']:.3f} s; target {TARGET_S:.1f} s; ratio {med['total'] / TARGET_S:.3f}")
     with_loading = med["total"] + args.sites * load_client + load_server
-    print(f"  total incl. loading every context once: {with_loading:.3f} s; ratio {with_loading / TARGET_S:.3f}")
+    print(
+        f"  total incl. loading every context once: {with_loading:.3f} s; ratio {with_loading / TARGET_S:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,9 +141,10 @@ def test_gradient_rollout_rejects_bad_targets_and_non_vit_models() -> None:
 
 
 # The localisation check: a 16 px ViT (4x4 grid of 4 px patches) learns that a bright patch in the
-# bottom-right cell decides the label, while a bright distractor patch sits in a random other cell of
-# every image. After training, the heatmap of the positive class must peak on the decisive cell; an
-# untrained model of the same architecture (the control) must not.
+# bottom-right cell decides the label, while an equally bright distractor patch sits in a random other
+# cell of every image. After training, the heatmap of the positive class must peak on the decisive cell
+# and be higher there than on the distractor: a map that merely followed brightness would split between
+# the two (about half of the images each), so the check fails for such a map.
 _SIZE, _PATCH, _GRID = 16, 4, 4
 _KEY_CELL = _GRID * _GRID - 1
 
@@ -160,9 +165,8 @@ def _cell_means(heat: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def corner_models() -> tuple[FedweighNet, FedweighNet]:
+def corner_model() -> FedweighNet:
     gen = torch.Generator().manual_seed(0)
-    untrained = _vit(num_classes=2, img_size=_SIZE, seed=0)
     model = _vit(num_classes=2, img_size=_SIZE, seed=0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _ in range(100):
@@ -171,11 +175,11 @@ def corner_models() -> tuple[FedweighNet, FedweighNet]:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return model.eval(), untrained.eval()
+    return model.eval()
 
 
-def test_heatmap_concentrates_on_the_decisive_region(corner_models) -> None:
-    model, untrained = corner_models
+def test_heatmap_concentrates_on_the_decisive_region(corner_model) -> None:
+    model = corner_model
     x, y, distractor = _corner_task(48, torch.Generator().manual_seed(123))
     with torch.no_grad():
         accuracy = (model(x).argmax(dim=1) == y).float().mean().item()
@@ -187,8 +191,6 @@ def test_heatmap_concentrates_on_the_decisive_region(corner_models) -> None:
     assert cells[:, _KEY_CELL].mean() > 3.0 * others.mean()
     at_distractor = cells[np.arange(len(cells)), distractor[positive].numpy()]
     assert (cells[:, _KEY_CELL] > at_distractor).mean() >= 0.9
-    control = _cell_means(gradient_attention_rollout(untrained, x[positive], target_class=1))
-    assert (control.argmax(axis=1) == _KEY_CELL).mean() < 0.5
 
 
 # ---------------------------------------------------------------------------------------------- figure
@@ -256,9 +258,20 @@ def test_load_global_model_errors_name_the_file(tmp_path) -> None:
         load_global_model(garbage)
     with pytest.raises(FileNotFoundError, match="nowhere.pt"):
         load_global_model(tmp_path / "nowhere.pt")
+    odd = tmp_path / "odd.pt"
+    torch.save({"model": {"net.head.weight": [1, 2]}}, odd)
+    with pytest.raises(ValueError, match=r"odd\.pt: entry 'net.head.weight' is a list"):
+        load_global_model(odd)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_importing_the_module_does_not_import_torch() -> None:
+    """The CLI builds its parser from this module; torch/MONAI load only when a command runs."""
+    code = "import sys, fedweigh.explain; assert 'torch' not in sys.modules and 'monai' not in sys.modules"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "custom")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

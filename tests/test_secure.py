@@ -217,7 +217,7 @@ def test_foreign_folder_with_simulation_name_is_not_trusted(tmp_path):
     (tmp_path / SIMULATION_DIR).mkdir()
     (tmp_path / SIMULATION_DIR / "something").write_text("x")
     with pytest.raises(RuntimeError, match=SIMULATION_MARKER):
-        simulation_keys(tmp_path, wait_s=0.1)
+        simulation_keys(tmp_path)
 
 
 # ---------------------------------------------------------------------------------- key lookup

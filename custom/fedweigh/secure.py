@@ -38,7 +38,6 @@ import math
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -211,57 +210,46 @@ def is_simulator_site(site_root: str | Path) -> bool:
     return (site_root / SIMULATOR_JOB_FOLDER).is_dir() and not is_provisioned(site_root / STARTUP_FOLDER)
 
 
-def simulation_keys(root: str | Path, wait_s: float = 30.0) -> Path:
+def simulation_keys(root: str | Path) -> Path:
     """The simulation-only key folder under ``root``, created on first use (race-safe).
 
     The key pair is written into a private temporary folder that is then renamed into place
-    (atomic): concurrent callers (the simulated server and clients) all end up with the same pair.
-    Both files carry :data:`SIMULATION_HEADER`; :data:`SIMULATION_MARKER` describes them.
+    (atomic, so a visible folder is always complete): concurrent callers (the simulated server and
+    clients) all end up with the same pair. Both files carry :data:`SIMULATION_HEADER`;
+    :data:`SIMULATION_MARKER` describes them.
     """
     root = Path(root)
     final = root / SIMULATION_DIR
-    if (final / SIMULATION_MARKER).is_file():
-        return final
-    if final.exists() and any(final.iterdir()):
-        _wait_for_marker(final, wait_s)  # another process' rename is complete once visible
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{SIMULATION_DIR}."))
-    try:
-        save_context_files(tmp, simulation=True)
-        marker = {
-            "purpose": "nvflare simulator only",
-            "warning": "generated automatically for a simulated federation; never use in a deployment",
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "scheme": "CKKS",
-            "poly_modulus_degree": POLY_MODULUS_DEGREE,
-            "coeff_mod_bit_sizes": list(COEFF_MOD_BIT_SIZES),
-            "scale_bits": SCALE_BITS,
-            "files": [SERVER_CONTEXT_FILE, CLIENT_CONTEXT_FILE],
-        }
-        (tmp / SIMULATION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    if not (final / SIMULATION_MARKER).is_file() and not (final.exists() and any(final.iterdir())):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{SIMULATION_DIR}."))
         try:
-            if final.exists():  # an empty folder left by someone else: rename can replace it
-                final.rmdir()
-            os.rename(tmp, final)
-        except OSError:  # lost the race: someone else's pair is in place
+            save_context_files(tmp, simulation=True)
+            marker = {
+                "purpose": "nvflare simulator only",
+                "warning": "generated automatically for a simulated federation; never use in a deployment",
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "scheme": "CKKS",
+                "poly_modulus_degree": POLY_MODULUS_DEGREE,
+                "coeff_mod_bit_sizes": list(COEFF_MOD_BIT_SIZES),
+                "scale_bits": SCALE_BITS,
+                "files": [SERVER_CONTEXT_FILE, CLIENT_CONTEXT_FILE],
+            }
+            (tmp / SIMULATION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            try:
+                if final.exists():  # an empty folder: rename can only replace it once removed
+                    final.rmdir()
+                os.rename(tmp, final)
+            except OSError:  # lost the race: another process' complete pair is in place
+                pass
+        finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _wait_for_marker(final, wait_s)
+    if not (final / SIMULATION_MARKER).is_file():
+        raise RuntimeError(
+            f"{final} exists but has no {SIMULATION_MARKER}: it is not a fedweigh simulation key folder; "
+            f"remove it or set {CONTEXT_DIR_ENV}"
+        )
     return final
-
-
-def _wait_for_marker(folder: Path, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
-    while not (folder / SIMULATION_MARKER).is_file():
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{folder} exists but has no {SIMULATION_MARKER}: it is not a fedweigh simulation key folder; "
-                "remove it or set " + CONTEXT_DIR_ENV
-            )
-        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,9 @@ class LabeledImages:
         n = self.images.shape[0]
         if self.labels.shape[0] != n:
             raise ValueError(f"{n} images but {self.labels.shape[0]} labels")
-        if self.task == "multilabel" and (self.labels.ndim != 2 or self.labels.shape[1] != len(self.class_names)):
+        if self.task == "multilabel" and (
+            self.labels.ndim != 2 or self.labels.shape[1] != len(self.class_names)
+        ):
             raise ValueError(
                 f"multilabel labels must have shape (N, {len(self.class_names)}), got {self.labels.shape}"
             )

@@ -365,7 +365,9 @@ def _render_block(labels: np.ndarray, size: int, seed: int, block: int) -> np.nd
     period = _col(0.23 + 0.02 * pt["rib_period"])
     rib_t = v - f32(0.25) * np.abs(u) + f32(0.35) * u**2
     ribs = (f32(0.5) + f32(0.5) * np.cos(2 * np.pi * rib_t / period + _col(2 * np.pi * pt["rib_phase"]))) ** 2
-    img = img + (f32(0.08) * spine + f32(0.08) * clavicle * body + f32(0.06) * ribs * (lung_full[-1] + lung_full[1]))
+    img = img + (
+        f32(0.08) * spine + f32(0.08) * clavicle * body + f32(0.06) * ribs * (lung_full[-1] + lung_full[1])
+    )
 
     # lung opacity O (fraction of air replaced) and air multiplier; markings densest near the hila
     markings = np.maximum(_field(coarse[:, 0], size), 0.0)
@@ -397,7 +399,9 @@ def _render_block(labels: np.ndarray, size: int, seed: int, block: int) -> np.nd
         h = _col(0.14 + 0.18 * pt["eff_height"][idx])
         for side in (-1, 1):
             on = _col((s == side) | bilateral)
-            lateral = np.clip((side * (uu - _col(side * lung_cx[idx])) / _col(lung_a[idx]) + 1.0) / 2.0, 0.0, 1.0)
+            lateral = np.clip(
+                (side * (uu - _col(side * lung_cx[idx])) / _col(lung_a[idx]) + 1.0) / 2.0, 0.0, 1.0
+            )
             level = _col(dome_side[side][idx]) + f32(0.04) - h * (f32(0.3) + f32(0.7) * lateral**1.5)
             fluid = _sig((vv - level) / (2 * eps))
             opacity[idx] += _col(amp["effusion"][idx]) * on * fluid * lung[side][idx]
@@ -445,8 +449,12 @@ def _render_block(labels: np.ndarray, size: int, seed: int, block: int) -> np.nd
         region = _ellipse(uu, vv, cx, cy, f32(0.21), f32(0.17), 3 * eps)
         patchy = f32(0.7) + f32(0.3) * _sig(_field(coarse[idx, 2], size) / 0.5)
         ang = _col(np.pi * pt["pna_angle"][idx])
-        stripes = (f32(0.5) + f32(0.5) * np.cos(2 * np.pi * (uu * np.cos(ang) + vv * np.sin(ang)) / 0.16)) ** 4
-        opacity[idx] += _col(amp["pneumonia"][idx]) * region * (patchy - f32(0.45) * stripes) * lung_of(s, idx)
+        stripes = (
+            f32(0.5) + f32(0.5) * np.cos(2 * np.pi * (uu * np.cos(ang) + vv * np.sin(ang)) / 0.16)
+        ) ** 4
+        opacity[idx] += (
+            _col(amp["pneumonia"][idx]) * region * (patchy - f32(0.45) * stripes) * lung_of(s, idx)
+        )
 
     idx = np.flatnonzero(has["consolidation"])
     if idx.size:
@@ -584,7 +592,9 @@ def _read_cache(path: Path, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
     if images.shape != (n, 1, size, size) or images.dtype != np.float32:
         raise ValueError(f"images are {images.dtype}{images.shape}, expected float32{(n, 1, size, size)}")
     if labels.shape != (n, len(CHEST_FINDINGS)) or labels.dtype != np.float32:
-        raise ValueError(f"labels are {labels.dtype}{labels.shape}, expected float32{(n, len(CHEST_FINDINGS))}")
+        raise ValueError(
+            f"labels are {labels.dtype}{labels.shape}, expected float32{(n, len(CHEST_FINDINGS))}"
+        )
     return images, labels
 
 
@@ -627,7 +637,9 @@ def load_synthcxr(
     try:
         _write_cache(path, data.images, data.labels)
     except OSError as err:
-        warnings.warn(f"SynthCXR: could not write cache file {path} ({err}); using in-memory data", stacklevel=2)
+        warnings.warn(
+            f"SynthCXR: could not write cache file {path} ({err}); using in-memory data", stacklevel=2
+        )
     return data
 
 
@@ -664,7 +676,9 @@ def save_sample_grid(
         if i >= count:
             continue
         ax.imshow(images[i], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
-        names = [_ABBREVIATIONS.get(c, c[:4]) for c, on in zip(class_names, labels[i], strict=False) if on > 0.5]
+        names = [
+            _ABBREVIATIONS.get(c, c[:4]) for c, on in zip(class_names, labels[i], strict=False) if on > 0.5
+        ]
         title = "\n".join(["+".join(names[j : j + 2]) for j in range(0, len(names), 2)]) or "normal"
         ax.set_title(title, fontsize=7)
     fig.tight_layout()

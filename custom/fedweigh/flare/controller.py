@@ -116,6 +116,10 @@ class FedweighController(ModelController):
         self.resume_from = resume_from
         self.max_num_samples = max_num_samples
         self._scheme = get_scheme(scheme, **self.scheme_args)  # fails at job creation on a bad name/option
+        if self._scheme.needs_global_histogram and statistics == "none":
+            raise ValueError(
+                f"scheme {scheme!r} needs the global label histogram: set statistics='secure' (or 'plain')"
+            )
 
     # -- helpers -------------------------------------------------------------------------------
     def _out_dir(self) -> Path:
@@ -205,7 +209,7 @@ class FedweighController(ModelController):
             task_model = FLModel(
                 params_type=ParamsType.FULL,
                 params=global_params,
-                current_round=t,
+                current_round=t - 1,  # NVFlare counts rounds from 0
                 total_rounds=self.num_rounds,
                 meta={META_PLAN: self._plan()},
             )
@@ -270,7 +274,7 @@ class FedweighController(ModelController):
             model = FLModel(
                 params_type=ParamsType.FULL,
                 params=global_params,
-                current_round=t,
+                current_round=t - 1,
                 total_rounds=self.num_rounds,
             )
             self.save_model(model)

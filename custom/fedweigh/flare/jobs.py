@@ -18,26 +18,39 @@ SYNTHCXR_CLIENT = ClientArgs(dataset="synthcxr", scenario="quantity-shift", num_
 SYNTHCXR_ROUNDS = 5
 SYNTHCXR_SITES = 4
 
+#: Real-data jobs read the user's data from the path in these environment variables (expanded at the site).
+CHESTMNIST_CLIENT = ClientArgs(
+    dataset="chestmnist", scenario="quantity-shift", data_path="$FEDWEIGH_CHESTMNIST", size=64
+)
+CHEXPERT_CLIENT = ClientArgs(
+    dataset="chexpert", scenario="quantity-shift", data_path="$FEDWEIGH_CHEXPERT", size=64
+)
 
-def _synthcxr(scheme: str, **kwargs) -> Callable:
+
+def _job(method: str, client: ClientArgs, rounds: int, sites: int) -> Callable:
     def make(name: str):
-        from fedweigh.flare.recipes import FedweighRecipe
+        from fedweigh.flare import recipes
 
-        return FedweighRecipe(
-            name=name,
-            scheme=scheme,
-            num_rounds=SYNTHCXR_ROUNDS,
-            min_clients=SYNTHCXR_SITES,
-            client=kwargs.pop("client", SYNTHCXR_CLIENT),
-            **kwargs,
-        )
+        common = {"name": name, "num_rounds": rounds, "min_clients": sites, "client": client}
+        if method == "feddraw":
+            return recipes.FedDRAWRecipe(**common)
+        if method == "fedbb":
+            return recipes.FedBBRecipe(**common)
+        if method == "dafl":
+            return recipes.DAFLRecipe(**common)
+        return recipes.BaselineRecipe(baseline=method, **common)
 
     return make
 
 
+#: The methods with one SynthCXR job each.
+METHODS = ("feddraw", "fedbb", "dafl", "fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa")
+
 #: job folder name -> factory(name) -> Recipe
 JOB_CATALOGUE: dict[str, Callable] = {
-    "synthcxr_fedavg": _synthcxr("fedavg"),
+    **{f"synthcxr_{m}": _job(m, SYNTHCXR_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES) for m in METHODS},
+    "chestmnist_feddraw": _job("feddraw", CHESTMNIST_CLIENT, 10, 4),
+    "chexpert_feddraw": _job("feddraw", CHEXPERT_CLIENT, 10, 4),
 }
 
 

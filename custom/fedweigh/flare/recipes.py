@@ -151,8 +151,91 @@ class FedweighRecipe(Recipe):
         super().__init__(job)
 
 
-class FedAvgBaselineRecipe(FedweighRecipe):
-    """FedAvg (w_k = N_k / N) with the fedweigh client; the reference every scheme is compared with."""
+def _client_with_loss(client: ClientArgs | None, loss: str, loss_options: dict | None) -> ClientArgs:
+    """``client`` (or the defaults) with the method's loss, unless the caller chose one."""
+    from dataclasses import replace
 
-    def __init__(self, *, name: str = "fedavg", **kwargs):
-        super().__init__(name=name, scheme="fedavg", **kwargs)
+    client = client or ClientArgs()
+    if client.loss == "default":
+        client = replace(client, loss=loss, loss_options=dict(loss_options or client.loss_options))
+    return client
+
+
+class FedDRAWRecipe(FedweighRecipe):
+    """FedDRAW: size prior + spread cosine similarity, inner and deferred outer schedules.
+
+    ``feddraw`` holds the scheme's options (see :class:`fedweigh.weighting.feddraw.FedDRAWWeights`),
+    e.g. ``{"beta_max": 2.0, "rho": 0.6, "similarity": "params"}``.
+    """
+
+    def __init__(self, *, name: str = "feddraw", feddraw: dict | None = None, **kwargs):
+        super().__init__(name=name, scheme="feddraw", scheme_args=feddraw, **kwargs)
+
+
+class FedBBRecipe(FedweighRecipe):
+    """FedBB: Positive-Negative Balanced loss at the sites + Client Balanced Reweighting at the server.
+
+    ``cbr`` holds CBR's options (``skew``, ``gamma``); ``pnb`` the loss options (``mu``, ``beta``,
+    ``negatives``). The label statistics phase runs by default (the PNB loss may use the global histogram).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "fedbb",
+        cbr: dict | None = None,
+        pnb: dict | None = None,
+        client: ClientArgs | None = None,
+        statistics: str = "plain",
+        **kwargs,
+    ):
+        super().__init__(
+            name=name,
+            scheme="cbr",
+            scheme_args=cbr,
+            client=_client_with_loss(client, "pnb", pnb),
+            statistics=statistics,
+            **kwargs,
+        )
+
+
+class DAFLRecipe(FedweighRecipe):
+    """DAFL: dynamic adaptive focal loss at the sites + distribution-aware aggregation at the server.
+
+    The loss needs the global class histogram and c_client = sum_k N_k c_k / N, both from the label
+    statistics phase. ``dafl`` holds the aggregation options (``mode``), ``loss`` the loss options.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "dafl",
+        dafl: dict | None = None,
+        loss: dict | None = None,
+        client: ClientArgs | None = None,
+        statistics: str = "plain",
+        **kwargs,
+    ):
+        super().__init__(
+            name=name,
+            scheme="dafl",
+            scheme_args=dafl,
+            client=_client_with_loss(client, "dafl", loss),
+            statistics=statistics,
+            **kwargs,
+        )
+
+
+#: The seven federated baselines FedDRAW is compared with.
+BASELINES = ("fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa")
+
+
+class BaselineRecipe(FedweighRecipe):
+    """One of the baselines (FedAvg, FedProx, FedNova, FedAdp, IDA, FedDisco, FedAWA) by name."""
+
+    def __init__(self, *, baseline: str, name: str | None = None, scheme_args: dict | None = None, **kwargs):
+        if baseline not in BASELINES:
+            raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
+        if baseline == "feddisco":
+            kwargs.setdefault("statistics", "plain")
+        super().__init__(name=name or baseline, scheme=baseline, scheme_args=scheme_args, **kwargs)

@@ -91,7 +91,7 @@ def load_site_from_config(site_name: str, cfg: SiteDataConfig) -> tuple[SiteData
 
     pool, test = load_pool(
         cfg.dataset,
-        data_path=cfg.data_path,
+        data_path=expand_data_path(cfg.data_path),
         size=cfg.size,
         seed=cfg.seed,
         num_images=cfg.num_images,
@@ -134,6 +134,19 @@ def load_site_from_scenario(
     return site, fed.test, len(fed.sites)
 
 
+def expand_data_path(path: str | None) -> str | None:
+    """``path`` with environment variables expanded; a clear error if one is not set."""
+    if path is None:
+        return None
+    expanded = os.path.expandvars(path)
+    if "$" in expanded:
+        raise ValueError(
+            f"data path {path!r} names an environment variable that is not set at this site; "
+            "set it to the dataset's location (e.g. export FEDWEIGH_CHESTMNIST=/data/chestmnist_64.npz)"
+        )
+    return expanded
+
+
 def resolve_site_data(site_name: str, args, workspace: str | Path | None = None):
     """(site splits, test set, number of sites): from the site-local config if there is one, else the
     job's scenario (simulation)."""
@@ -146,7 +159,7 @@ def resolve_site_data(site_name: str, args, workspace: str | Path | None = None)
         site_name,
         args.scenario,
         args.dataset,
-        data_path=args.data_path,
+        data_path=expand_data_path(args.data_path),
         loader_options=args.loader_options,
         size=args.size,
         seed=args.seed,

@@ -187,6 +187,7 @@ def answer_statistics_task(trainer, input_model):
         vector = statistics_vector(trainer.class_counts, len(trainer.site.train))
         payload = exchange.encode(vector)
         return FLModel(
+            metrics={"stats_sent": 1.0},  # the Client API refuses a result without params or metrics
             meta={
                 "fedweigh_stats_length": int(vector.size),
                 META_NUM_SAMPLES: len(trainer.site.train),
@@ -200,7 +201,7 @@ def answer_statistics_task(trainer, input_model):
     except OSError as e:  # the in-memory copy still serves this process
         logger.warning("could not keep global statistics on disk: %s", e)
     logger.info("%s: global statistics received (N=%d)", trainer.site_name, stats.num_samples)
-    return FLModel(meta={"ok": True})
+    return FLModel(metrics={"stats_received": 1.0}, meta={"ok": True})
 
 
 def load_cached_global_stats(job_id: str) -> dict | None:
