@@ -14,9 +14,7 @@ started with ``resume_from`` pointing at that folder continues at round t+1 with
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import time
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from fedweigh.flare.constants import (
 )
 from fedweigh.flare.recorder import RoundRecorder
 from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
+from fedweigh.rounds import client_plan, mean_metrics, sample_sites, weigh_and_aggregate
 
 GLOBAL_NPZ = "fedweigh_global.npz"
 
@@ -44,18 +43,6 @@ def _to_numpy(params: dict) -> dict[str, np.ndarray]:
             v = v.detach().cpu().numpy()
         out[k] = np.asarray(v)
     return out
-
-
-def sample_sites(
-    all_sites: list[str], fraction: float, min_clients: int, seed: int, round_index: int
-) -> list[str]:
-    """Deterministic per-round sample of max(min_clients, ceil(fraction * K)) sites, in name order."""
-    sites = sorted(all_sites)
-    k = min(len(sites), max(min_clients, math.ceil(fraction * len(sites))))
-    if k >= len(sites):
-        return sites
-    rng = random.Random(seed * 7_919 + round_index)
-    return sorted(rng.sample(sites, k))
 
 
 class FedweighController(ModelController):
@@ -154,26 +141,6 @@ class FedweighController(ModelController):
         self._scheme.load_state_dict(state.get("scheme_state") or {})
         return int(state["round"]), params, list(state.get("rows", []))
 
-    def _plan(self) -> dict:
-        plan: dict = {
-            "scheme": self.scheme,
-            "scheme_args": self.scheme_args,
-            "scalars": list(self._scheme.required_scalars),
-            "fedprox_mu": float(getattr(self._scheme, "client_mu", 0.0) or 0.0),
-        }
-        return plan
-
-    @staticmethod
-    def _mean_metrics(results: list[FLModel]) -> dict[str, float]:
-        keys = sorted({k for r in results for k in (r.metrics or {})})
-        out = {}
-        for k in keys:
-            vals = [float(r.metrics[k]) for r in results if r.metrics and k in r.metrics]
-            vals = [v for v in vals if math.isfinite(v)]
-            if vals:
-                out[k] = float(np.mean(vals))
-        return out
-
     # -- the workflow --------------------------------------------------------------------------
     def run(self) -> None:
         from fedweigh.weighting.base import ClientReport
@@ -211,7 +178,7 @@ class FedweighController(ModelController):
                 params=global_params,
                 current_round=t - 1,  # NVFlare counts rounds from 0
                 total_rounds=self.num_rounds,
-                meta={META_PLAN: self._plan()},
+                meta={META_PLAN: client_plan(self.scheme, self.scheme_args, self._scheme)},
             )
             results = self.send_model_and_wait(
                 task_name=TASK_TRAIN,
@@ -241,7 +208,7 @@ class FedweighController(ModelController):
                 )
                 valid_results.append(r)
             if valid_results:
-                recorder.set_metrics(t - 1, self._mean_metrics(valid_results))
+                recorder.set_metrics(t - 1, mean_metrics([r.metrics or {} for r in valid_results]))
             if len(reports) < self.min_clients:
                 self.warning(
                     f"round {t}: {len(reports)} valid result(s), fewer than min_clients={self.min_clients}; "
@@ -250,23 +217,14 @@ class FedweighController(ModelController):
                 recorder.flush()
                 continue
             try:
-                weights = np.asarray(
-                    self._scheme.weights(reports, global_params, t, self.num_rounds), dtype=float
-                )
-                new_params = self._scheme.aggregate(global_params, reports, weights)
+                update = weigh_and_aggregate(self._scheme, global_params, reports, t, self.num_rounds)
             except ValueError as e:
                 self.warning(
                     f"round {t}: the scheme could not weight this round ({e}); global model unchanged"
                 )
                 recorder.flush()
                 continue
-            global_params = {k: np.asarray(v) for k, v in new_params.items()}
-            wmap = {rep.name: float(w) for rep, w in zip(reports, weights, strict=True)}
-            values = {
-                k: float(v)
-                for k, v in (self._scheme.last_details or {}).items()
-                if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-            }
+            global_params, wmap, values = update.params, update.weights, update.values
             values["round_seconds"] = time.perf_counter() - t0
             recorder.set_round(t, wmap, values)
             self.info(f"round {t}: weights " + ", ".join(f"{k}={v:.3f}" for k, v in wmap.items()))
@@ -291,7 +249,7 @@ class FedweighController(ModelController):
             )
             ok = [r for r in results if r.metrics and (r.meta or {}).get(META_NUM_SAMPLES) is not None]
             if ok:
-                recorder.set_metrics(self.num_rounds, self._mean_metrics(ok))
+                recorder.set_metrics(self.num_rounds, mean_metrics([r.metrics or {} for r in ok]))
         recorder.flush()
         for path in recorder.plot():
             self.info(f"wrote {path}")

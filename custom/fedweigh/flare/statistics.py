@@ -192,7 +192,7 @@ def answer_statistics_task(trainer, input_model):
                 "fedweigh_stats_length": int(vector.size),
                 META_NUM_SAMPLES: len(trainer.site.train),
                 **payload,
-            }
+            },
         )
     stats = decode_sum(exchange.decode(meta))
     trainer.global_stats = stats.as_dict()
