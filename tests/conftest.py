@@ -4,7 +4,7 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
-# the simulator and the data loaders read this; tests keep generated data in a per-session folder
+# the simulator and the data loaders read this; tests keep generated data in one folder outside git
 os.environ.setdefault("FEDWEIGH_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "test-data"))
 
 
@@ -14,3 +14,21 @@ def simulator():
     from simulation import run_recipe_in_simulator
 
     return run_recipe_in_simulator
+
+
+@pytest.fixture(scope="session")
+def method_run(tmp_path_factory):
+    """``method_run(method) -> (rows, server app dir)``: the method's 3-round tiny SynthCXR job in the
+    simulator with 2 sites, run once per session and shared by every test that needs it."""
+    from simulation import cached_run
+
+    from fedweigh.flare.jobs import _job
+
+    root = tmp_path_factory.mktemp("method_runs")
+
+    def run(method: str):
+        from simulation import TINY_CLIENT, TINY_ROUNDS
+
+        return cached_run(method, lambda: _job(method, TINY_CLIENT, TINY_ROUNDS, 2)(f"tiny_{method}"), root, 2)
+
+    return run

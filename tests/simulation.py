@@ -9,6 +9,26 @@ from pathlib import Path
 
 from fedweigh.cli import find_server_app_dir
 from fedweigh.flare.recorder import load_rows
+from fedweigh.site import ClientArgs
+
+#: The tiny SynthCXR setting of the simulator tests: iid-4 over 400 images gives every site 90 training
+#: images; max_steps fixes 4 local steps; one torch thread per site keeps runs reproducible.
+TINY_CLIENT = ClientArgs(
+    dataset="synthcxr", scenario="iid-4", num_images=400, max_steps=4, batch_size=16, threads=1
+)
+TINY_ROUNDS = 3
+
+
+#: Runs shared by tests in one session, by key (see :func:`cached_run`).
+_RUNS: dict[str, tuple[list[dict], Path]] = {}
+
+
+def cached_run(key: str, make_recipe, root: Path, n_clients: int) -> tuple[list[dict], Path]:
+    """Run ``make_recipe()`` in the simulator once per session per ``key`` (tests that need the same
+    run, e.g. the FedAvg method check and the parity check, share it)."""
+    if key not in _RUNS:
+        _RUNS[key] = run_recipe_in_simulator(make_recipe(), root / key, n_clients)
+    return _RUNS[key]
 
 
 def run_recipe_in_simulator(recipe, tmp_path: Path, n_clients: int, timeout: int = 420) -> tuple[list[dict], Path]:

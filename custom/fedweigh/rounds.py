@@ -51,6 +51,35 @@ def mean_metrics(metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
+def cap_weights(weights: np.ndarray, max_share: float) -> np.ndarray:
+    """Bound any one site's share of the total weight by ``max_share`` (water-filling).
+
+    Shares s = w / sum(w) above the cap are set to it and the excess is given to the other sites in
+    proportion to their shares, repeated until no share exceeds the cap; the result is rescaled to the
+    original sum (FedNova's weights need not sum to 1). A cap below 1/K cannot hold and becomes 1/K.
+    This bounds the influence of a site that inflates its sample count or statistics.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    total = float(w.sum())
+    if w.size == 0 or total <= 0 or not 0 < max_share < 1:
+        return w
+    cap = max(max_share, 1.0 / w.size)
+    s = w / total
+    capped = np.zeros(w.size, dtype=bool)
+    for _ in range(w.size):
+        over = (s > cap + 1e-15) & ~capped
+        if not over.any():
+            break
+        capped |= over
+        free = ~capped
+        excess = 1.0 - cap * capped.sum()
+        base = s[free].sum()
+        s[capped] = cap
+        if free.any():
+            s[free] = s[free] / base * excess if base > 0 else excess / free.sum()
+    return s * total
+
+
 @dataclass
 class RoundUpdate:
     """The outcome of weighting one round: the new global parameters and what to record."""
@@ -66,10 +95,14 @@ def weigh_and_aggregate(
     reports: Sequence[ClientReport],
     round_index: int,
     num_rounds: int,
+    max_share: float | None = None,
 ) -> RoundUpdate:
-    """theta_g^t = scheme.aggregate(theta_g^{t-1}, reports, scheme.weights(...)); ValueError if the
-    scheme cannot weight this round (the caller keeps the last good global model)."""
+    """theta_g^t = scheme.aggregate(theta_g^{t-1}, reports, w), w = scheme.weights(...) capped at
+    ``max_share`` of the total per site when given; ValueError if the scheme cannot weight this round
+    (the caller keeps the last good global model)."""
     weights = np.asarray(scheme.weights(reports, global_params, round_index, num_rounds), dtype=float)
+    if max_share is not None:
+        weights = cap_weights(weights, max_share)
     new_params = scheme.aggregate(global_params, reports, weights)
     values = {
         k: float(v)

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from fedweigh.rounds import cap_weights, client_plan, mean_metrics, sample_sites, weigh_and_aggregate
+from fedweigh.weighting import ClientReport, get_scheme
+
+
+def test_sampling_is_deterministic_sized_and_varies_by_round():
+    sites = [f"site-{i}" for i in range(1, 51)]
+    a = sample_sites(sites, 0.1, 2, seed=0, round_index=1)
+    assert a == sample_sites(list(reversed(sites)), 0.1, 2, seed=0, round_index=1)
+    assert len(a) == 5 and a == sorted(a)
+    assert a != sample_sites(sites, 0.1, 2, seed=0, round_index=2)
+    assert len(sample_sites(sites[:4], 0.1, 3, seed=0, round_index=1)) == 3  # min_clients wins
+    assert sample_sites(sites[:4], 1.0, 1, 0, 1) == sorted(sites[:4])
+
+
+@pytest.mark.parametrize(
+    "w, cap, expected",
+    [
+        ([0.7, 0.2, 0.1], 0.5, [0.5, 0.2 + 0.2 * 2 / 3, 0.1 + 0.2 / 3]),
+        ([0.25, 0.25, 0.25, 0.25], 0.3, [0.25] * 4),
+        ([0.9, 0.1], 0.3, [0.5, 0.5]),  # a cap below 1/K cannot hold: uniform
+        ([0.6, 0.38, 0.02], 0.4, [0.4, 0.4, 0.2]),  # the excess cascades onto the next site
+    ],
+)
+def test_cap_weights(w, cap, expected):
+    out = cap_weights(np.array(w), cap)
+    assert out == pytest.approx(expected)
+    assert out.sum() == pytest.approx(sum(w))
+
+
+def test_cap_keeps_fednova_scale():
+    out = cap_weights(np.array([1.4, 0.2, 0.2]), 0.5)
+    assert out.sum() == pytest.approx(1.8) and out.max() == pytest.approx(0.9)
+
+
+def test_weigh_and_aggregate_with_cap_bounds_an_inflated_site():
+    g = {"w": np.zeros(3, np.float32)}
+    reports = [
+        ClientReport("site-1", 1_000_000, params={"w": np.ones(3, np.float32)}),
+        ClientReport("site-2", 100, params={"w": -np.ones(3, np.float32)}),
+        ClientReport("site-3", 100, params={"w": -np.ones(3, np.float32)}),
+    ]
+    scheme = get_scheme("fedavg")
+    free = weigh_and_aggregate(scheme, g, reports, 1, 3)
+    capped = weigh_and_aggregate(scheme, g, reports, 1, 3, max_share=0.4)
+    assert free.weights["site-1"] > 0.99
+    assert capped.weights["site-1"] == pytest.approx(0.4)
+    assert capped.params["w"] == pytest.approx(np.full(3, 0.4 - 0.6))
+
+
+def test_plan_and_metric_means():
+    plan = client_plan("fedprox", {}, get_scheme("fedprox"))
+    assert plan["fedprox_mu"] == pytest.approx(0.001) and plan["scalars"] == []
+    assert client_plan("cbr", {"gamma": 1.0}, get_scheme("cbr", gamma=1.0))["scalars"] == ["skew"]
+    assert mean_metrics([{"a": 1.0, "b": float("nan")}, {"a": 3.0}]) == {"a": 2.0}
