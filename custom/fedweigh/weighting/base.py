@@ -219,9 +219,11 @@ class WeightingScheme(ABC):
     ) -> dict[str, np.ndarray]:
         """theta_g + sum_k w_k (theta_k - theta_g), key by key; returns new arrays, inputs untouched.
 
-        Float arrays are updated in their own dtype (float32 stays float32): the delta
-        theta_k - theta_g is formed first, so rounding is relative to the update, not to theta.
-        Non-float arrays follow ``integer_buffers``.
+        Float arrays are accumulated in float64 and returned in their own dtype (float32 stays
+        float32), so the result equals the float64 weighted mean sum_k w_k theta_k that stock NVFlare
+        FedAvg forms, rounded once: local training amplifies even 1-ulp differences in the global
+        model over rounds, and the parity with stock FedAvg depends on this. Non-float arrays follow
+        ``integer_buffers``.
         """
         if global_params is None:
             raise ValueError(f"{self.name}: aggregate needs the global parameters")
@@ -241,20 +243,21 @@ class WeightingScheme(ABC):
         for key, g in global_params.items():
             g = np.asarray(g)
             if np.issubdtype(g.dtype, np.floating):
-                acc = np.zeros_like(g)
-                buf = np.empty_like(g)
+                g64 = g.astype(np.float64)
+                acc = np.zeros_like(g64)
+                buf = np.empty_like(g64)
                 for rep, wk in zip(reports, w, strict=True):
                     assert rep.params is not None
-                    np.subtract(rep.params[key], g, out=buf, casting="same_kind")
-                    buf *= g.dtype.type(wk)
+                    np.subtract(rep.params[key], g64, out=buf)
+                    buf *= wk
                     acc += buf
-                acc += g
+                acc += g64
                 if not np.all(np.isfinite(acc)):
                     raise ValueError(
                         f"{self.name}: non-finite values in parameter {key!r} from client "
                         f"{_first_nonfinite(reports, key)!r}"
                     )
-                out[key] = acc
+                out[key] = acc.astype(g.dtype, copy=False)
             else:
                 out[key] = self._aggregate_integer(key, g, reports, w)
         return out
