@@ -45,6 +45,9 @@ def counterfactual() -> dict[str, np.ndarray]:
 def test_default_size_and_prevalence_keys() -> None:
     assert SYNTHCXR_DEFAULT_SIZE == 32
     assert tuple(PREVALENCE) == CHEST_FINDINGS
+    assert tuple(synthcxr.FACTOR_LOADINGS) == CHEST_FINDINGS
+    assert tuple(synthcxr.FINDING_PATTERNS) == CHEST_FINDINGS
+    assert {name for name, _ in synthcxr._PAINTERS} | {"cardiomegaly", "emphysema"} == set(CHEST_FINDINGS)
     assert all(0.0 < p < 0.5 for p in PREVALENCE.values())
 
 
@@ -86,9 +89,10 @@ def test_different_seeds_differ() -> None:
 
 
 def test_labels_are_sampled_first_and_size_free() -> None:
-    labels = sample_synthcxr_labels(700, seed=2)
-    assert np.array_equal(labels, generate_synthcxr(700, size=28, seed=2).labels)
-    assert np.array_equal(labels, generate_synthcxr(700, size=64, seed=2).labels)
+    labels = sample_synthcxr_labels(600, seed=2)
+    assert np.array_equal(labels, generate_synthcxr(600, size=32, seed=2).labels)
+    assert np.array_equal(labels[:40], generate_synthcxr(40, size=28, seed=2).labels)
+    assert np.array_equal(labels[:40], generate_synthcxr(40, size=64, seed=2).labels)
 
 
 def test_prevalence_matches_targets(labels_20k: np.ndarray) -> None:
@@ -124,14 +128,17 @@ def test_long_tail_and_no_finding_fraction(labels_20k: np.ndarray) -> None:
 def test_cooccurrence(labels_20k: np.ndarray, given: str, finding: str) -> None:
     g = labels_20k[:, CHEST_FINDINGS.index(given)] > 0
     f = labels_20k[:, CHEST_FINDINGS.index(finding)] > 0
-    assert f[g].mean() > 2.0 * f.mean(), f"P({finding}|{given})={f[g].mean():.3f}, P({finding})={f.mean():.3f}"
+    assert f[g].mean() > 2.0 * f.mean(), (
+        f"P({finding}|{given})={f[g].mean():.3f}, P({finding})={f.mean():.3f}"
+    )
 
 
 def test_every_finding_changes_the_image(counterfactual: dict[str, np.ndarray]) -> None:
     for finding, diff in counterfactual.items():
         per_image_peak = np.abs(diff).reshape(len(diff), -1).max(axis=1)
         assert per_image_peak.min() > 0.05, f"{finding}: some patient shows almost no pattern"
-        assert np.abs(diff).mean() > 0.003, f"{finding}: pattern too faint"
+        visible_pixels = (np.abs(diff) > 0.03).sum(axis=(1, 2))
+        assert visible_pixels.mean() >= 5, f"{finding}: pattern covers too few pixels"
 
 
 def test_patterns_go_where_they_should(counterfactual: dict[str, np.ndarray]) -> None:
@@ -139,13 +146,15 @@ def test_patterns_go_where_they_should(counterfactual: dict[str, np.ndarray]) ->
     size = d["edema"].shape[-1]
     top, bottom = slice(0, size // 2), slice(size // 2, size)
     left, right = slice(0, size // 2), slice(size // 2, size)
-    # darker: more air
-    for finding in ("pneumothorax", "emphysema"):
-        assert d[finding].mean() < -0.005, finding
+    # darker: more air (pneumothorax also draws a thin bright pleural line)
+    assert d["emphysema"].mean() < -0.01
+    assert d["pneumothorax"].mean() < 0.0
+    assert d["pneumothorax"].reshape(len(d["pneumothorax"]), -1).min(axis=1).max() < -0.02
     # brighter: opacities
     for finding in ("atelectasis", "effusion", "infiltration", "mass", "nodule", "pneumonia", "consolidation",
                     "edema", "fibrosis", "pleural", "cardiomegaly"):  # fmt: skip
-        assert d[finding].mean() > 0.002, finding
+        brighter, darker = d[finding].clip(min=0).sum(), -d[finding].clip(max=0).sum()
+        assert brighter > 3 * darker, finding
     # effusion and pneumonia: lower zones
     for finding in ("effusion", "pneumonia"):
         assert d[finding][:, bottom].mean() > 3 * abs(d[finding][:, top].mean()), finding
@@ -160,7 +169,7 @@ def test_patterns_go_where_they_should(counterfactual: dict[str, np.ndarray]) ->
     mid = slice(size // 2 - 5, size // 2 + 5)
     assert hern[:, bottom, mid].max(axis=(1, 2)).min() > 0.05
     assert hern[:, bottom, mid].min(axis=(1, 2)).max() < -0.05
-    assert np.abs(hern[:, top]).max() < 1e-6
+    assert np.abs(hern[:, top]).max() < 0.01
 
 
 def test_patterns_are_distinct(counterfactual: dict[str, np.ndarray]) -> None:
@@ -170,7 +179,8 @@ def test_patterns_are_distinct(counterfactual: dict[str, np.ndarray]) -> None:
             da, db = counterfactual[a], counterfactual[b]
             num = np.linalg.norm((da - db).reshape(len(da), -1), axis=1)
             den = np.maximum(
-                np.linalg.norm(da.reshape(len(da), -1), axis=1), np.linalg.norm(db.reshape(len(db), -1), axis=1)
+                np.linalg.norm(da.reshape(len(da), -1), axis=1),
+                np.linalg.norm(db.reshape(len(db), -1), axis=1),
             )
             assert np.median(num / den) > 0.5, f"{a} and {b} draw nearly the same pattern"
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_DEMO_JOB = "synthcxr_fedavg"
+DEFAULT_DEMO_JOB = "synthcxr_feddraw"
 
 
 def _repo_jobs_dir() -> Path:
@@ -99,7 +99,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     from fedweigh.flare.jobs import export_jobs
 
-    for path in export_jobs(args.out, args.names or None):
+    for path in export_jobs(
+        args.out, args.names or None, bundle=args.bundle, site_installed=args.site_installed
+    ):
         print(f"exported {path}")
     return 0
 
@@ -128,6 +130,18 @@ def build_parser() -> argparse.ArgumentParser:
     export = jobs_sub.add_parser("export", help="regenerate job folders from the recipes")
     export.add_argument("names", nargs="*", help="job names (default: all)")
     export.add_argument("--out", default=str(_repo_jobs_dir()))
+    code = export.add_mutually_exclusive_group()
+    code.add_argument(
+        "--bundle",
+        action="store_true",
+        help="ship the whole fedweigh package in each job's custom/ folder (bring-your-own-code job; "
+        "the submitter needs the byoc right)",
+    )
+    code.add_argument(
+        "--site-installed",
+        action="store_true",
+        help="ship no code: for sites that installed fedweigh and added 'fedweigh.' to their class allow-list",
+    )
     export.set_defaults(func=cmd_jobs_export)
 
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")

@@ -40,6 +40,25 @@ class ClientArgs:
     max_steps: int | None = None
     threads: int = 0
     eval_test: bool = True
+    #: DP-SGD (fedweigh.privacy.DPConfig): on when dp_epsilon (total over the job) or dp_noise_multiplier is set.
+    dp_epsilon: float | None = None
+    dp_delta: float = 1e-5
+    dp_max_grad_norm: float = 1.0
+    dp_noise_multiplier: float | None = None
+    dp_accountant: str = "rdp"
+    dp_mode: str = "auto"
+    #: Gaussian noise on the label statistics (fedweigh.privacy.StatsDPConfig): on when stats_dp_epsilon is set.
+    stats_dp_epsilon: float | None = None
+    stats_dp_delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        # DP-SGD needs per-sample gradients, which BatchNorm mixes across samples: with DP on, the
+        # DenseNets use GroupNorm, and since the job's global model is built from these arguments too,
+        # server and sites agree on the architecture.
+        dp_on = self.dp_epsilon is not None or self.dp_noise_multiplier is not None
+        if dp_on and self.norm == "batch" and self.arch != "vit":  # the ViT always uses LayerNorm
+            logger.info("DP-SGD is on: using norm='group' instead of 'batch' (Opacus-compatible)")
+            self.norm = "group"
 
     def to_argv(self) -> str:
         """The command line that reproduces these arguments (for ``ScriptRunner``)."""
@@ -84,6 +103,22 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--threads", type=int, default=defaults.threads, help="torch threads; 0 = automatic")
     p.add_argument("--eval-test", action=argparse.BooleanOptionalAction, default=defaults.eval_test)
+    p.add_argument(
+        "--dp-epsilon", type=float, default=None, help="DP-SGD: total epsilon over the job's rounds"
+    )
+    p.add_argument("--dp-delta", type=float, default=defaults.dp_delta)
+    p.add_argument("--dp-max-grad-norm", type=float, default=defaults.dp_max_grad_norm)
+    p.add_argument(
+        "--dp-noise-multiplier", type=float, default=None, help="DP-SGD: fixed sigma instead of epsilon"
+    )
+    p.add_argument("--dp-accountant", default=defaults.dp_accountant, choices=("rdp", "prv"))
+    p.add_argument(
+        "--dp-mode", default=defaults.dp_mode, choices=("auto", "fast", "hooks", "functorch", "ghost")
+    )
+    p.add_argument(
+        "--stats-dp-epsilon", type=float, default=None, help="Gaussian noise on the label statistics"
+    )
+    p.add_argument("--stats-dp-delta", type=float, default=defaults.stats_dp_delta)
     ns = p.parse_args(argv)
     return ClientArgs(**vars(ns))
 
@@ -159,7 +194,14 @@ class SiteTrainer:
             metrics.update({f"test_{k}": v for k, v in evaluate(self.model, self.test).items()})
         return metrics
 
-    def train(self, global_params: dict | None, fedprox_mu: float, round_seed: int):
+    def train(
+        self, global_params: dict | None, fedprox_mu: float, round_seed: int, total_rounds: int | None = None
+    ):
+        """Local training of one round; with DP-SGD on (``args.dp_*``) through :class:`fedweigh.privacy.DPSGD`.
+
+        Under DP-SGD the epsilon spent so far is kept in ``self.dp_report`` (None otherwise), and
+        ``total_rounds`` (the job's planned rounds) spreads a target epsilon over the whole job.
+        """
         from fedweigh.train import TrainConfig, train_local
 
         cfg = TrainConfig(
@@ -171,19 +213,36 @@ class SiteTrainer:
             fedprox_mu=fedprox_mu,
             seed=round_seed,
         )
-        return train_local(
-            self.model, self.site.train, cfg, loss_fn=self.make_loss(), global_params=global_params
+        from fedweigh.privacy import DPConfig
+
+        dp_config = DPConfig.from_args(self.args)
+        self.dp_report = None
+        if dp_config is None:
+            return train_local(
+                self.model, self.site.train, cfg, loss_fn=self.make_loss(), global_params=global_params
+            )
+        from fedweigh.privacy import DPSGD, LOCAL_JOB_ID, dp_state_path
+
+        dp = getattr(self, "_dp", None)
+        if dp is None or dp.config != dp_config:
+            path = None if self.job_id == LOCAL_JOB_ID else dp_state_path(self.job_id, self.site_name)
+            dp = self._dp = DPSGD(dp_config, path, site_name=self.site_name)
+        result, self.dp_report = dp.train_round(
+            self.model, self.site.train, cfg, self.make_loss(), global_params, total_rounds=total_rounds
         )
+        return result
 
     def scheme_scalars(self, plan: dict, params: dict, global_params: dict) -> dict[str, float]:
         """The scalars the server's scheme asked for, computed here by the scheme's own code."""
+        from fedweigh.privacy import released_histogram
         from fedweigh.weighting import get_scheme
 
         scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
         gs = self.global_stats or {}
+        counts, num_samples = released_histogram(self)  # the noised release when statistics DP is on
         scalars = scheme.client_scalars(
-            class_counts=np.asarray(self.class_counts),
-            num_samples=len(self.site.train),
+            class_counts=np.asarray(counts),
+            num_samples=num_samples,
             global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
             global_num_samples=gs.get("num_samples"),
             params=params,
@@ -192,11 +251,15 @@ class SiteTrainer:
         wanted = set(plan.get("scalars") or scalars)
         return {k: float(v) for k, v in scalars.items() if k in wanted}
 
-    def run_round(self, global_params: dict, round_index: int, plan: dict | None = None) -> RoundOutput:
+    def run_round(
+        self, global_params: dict, round_index: int, plan: dict | None = None, total_rounds: int | None = None
+    ) -> RoundOutput:
         """Evaluate the received global model, train on it, and report what the scheme needs.
 
         ``plan`` is what the server sends with the task: ``scheme``, ``scheme_args``, ``scalars`` (the
-        names the scheme needs from clients) and ``fedprox_mu``.
+        names the scheme needs from clients) and ``fedprox_mu``. ``total_rounds`` (the job's planned
+        rounds, NVFlare's ``FLModel.total_rounds``; or ``plan["total_rounds"]``) is needed by DP-SGD with
+        a target epsilon; under DP-SGD the metrics carry ``dp_epsilon``, the epsilon spent so far.
         """
         import torch
 
@@ -211,14 +274,22 @@ class SiteTrainer:
         }
         mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
         prox = {k: torch.as_tensor(v) for k, v in global_np.items()} if mu > 0 else None
-        result = self.train(prox, mu, round_seed(self.args.seed, self.site_name, round_index))
+        if total_rounds is None:
+            total_rounds = plan.get("total_rounds")
+        result = self.train(
+            prox, mu, round_seed(self.args.seed, self.site_name, round_index), total_rounds=total_rounds
+        )
         params = get_params(self.model)
         scalars = self.scheme_scalars(plan, params, global_np) if plan.get("scheme") else {}
         return RoundOutput(
             params=params,
             num_steps=result.num_steps,
-            num_samples=result.num_samples,
-            metrics={**metrics, "train_loss": result.mean_loss},
+            num_samples=len(self.site.train),  # N_k: the site's training-set size, as FedAvg weighs it
+            metrics={
+                **metrics,
+                "train_loss": result.mean_loss,
+                **(self.dp_report.metrics() if getattr(self, "dp_report", None) else {}),
+            },
             scalars=scalars,
         )
 

@@ -26,7 +26,8 @@ import os
 import tempfile
 import warnings
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from statistics import NormalDist
@@ -37,7 +38,7 @@ from fedweigh.data.base import CHEST_FINDINGS, LabeledImages
 
 SYNTHCXR_DEFAULT_SIZE = 32
 #: Bumped whenever the rendered pixels or sampled labels change; part of the cache file name.
-SYNTHCXR_VERSION = 1
+SYNTHCXR_VERSION = 2
 MIN_SIZE = 28
 _BLOCK = 512
 
@@ -141,7 +142,8 @@ _PARAMS: tuple[str, ...] = (
     *(f"sev_{f}" for f in CHEST_FINDINGS),
 )  # fmt: skip
 _PARAM_INDEX = {name: i for i, name in enumerate(_PARAMS)}
-# Smooth Gaussian random fields: (name, control-grid size). Upsampled to the image by RBF interpolation.
+# Smooth unit-variance Gaussian random fields: standard normal values on a G x G control grid, upsampled
+# to the image by Gaussian-RBF interpolation (coarse: markings and patchy opacities; fine: reticulation).
 _COARSE_FIELDS: tuple[str, ...] = ("markings", "infiltrate", "pneumonia")
 _COARSE_GRID = 7
 _FINE_FIELDS: tuple[str, ...] = ("reticular",)
@@ -154,18 +156,18 @@ _PIXEL_NOISE = 0.012
 # widening, for emphysema the scale of all its changes, for atelectasis the band opacity.
 _SEVERITY: dict[str, tuple[float, float]] = {
     "atelectasis": (0.80, 0.30),
-    "cardiomegaly": (0.45, 0.40),
-    "effusion": (0.85, 0.35),
-    "infiltration": (0.80, 0.55),
-    "mass": (0.90, 0.40),
+    "cardiomegaly": (0.32, 0.30),
+    "effusion": (0.75, 0.35),
+    "infiltration": (0.60, 0.50),
+    "mass": (0.80, 0.35),
     "nodule": (0.32, 0.60),
     "pneumonia": (0.90, 0.60),
-    "pneumothorax": (0.30, 0.30),
-    "consolidation": (0.85, 0.35),
-    "edema": (0.60, 0.35),
-    "emphysema": (1.00, 0.30),
-    "fibrosis": (0.75, 0.60),
-    "pleural": (0.90, 0.35),
+    "pneumothorax": (0.20, 0.40),
+    "consolidation": (0.65, 0.30),
+    "edema": (0.50, 0.30),
+    "emphysema": (0.70, 0.25),
+    "fibrosis": (0.70, 0.55),
+    "pleural": (0.75, 0.30),
     "hernia": (0.50, 0.60),
 }
 
@@ -266,32 +268,326 @@ def _pick(side: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class _Patients:
-    """One block of patients: uniform parameters, labels, and the image-space quantities built so far."""
+class _Block:
+    """One block of patients being rendered: per-patient parameters and geometry, the patient coordinates
+    (u, v) of every pixel, lung masks, and the accumulators the finding painters add to."""
 
-    p: np.ndarray  # (B, len(_PARAMS)) uniform(0, 1)
-    y: np.ndarray  # (B, 14) labels
+    p: np.ndarray  # (B, len(_PARAMS)) uniform(0, 1) draws
+    coarse: np.ndarray  # (B, len(_COARSE_FIELDS), G, G) standard normal control values
+    fine: np.ndarray  # (B, len(_FINE_FIELDS), G', G')
     size: int
-    eps: float
+    eps: float  # soft-edge width in patient units (0.4 px)
+    sev: dict[str, np.ndarray]  # (B,) severity in [min, 1] for positives, 0 for negatives
+    amp: dict[str, np.ndarray]  # (B,) strength * severity
+    lung_cx: np.ndarray  # (B,) |x| of both lung centres
+    lung_cy: np.ndarray
+    lung_a: np.ndarray  # half-width
+    lung_b: np.ndarray  # half-height
+    dome: np.ndarray  # (B,) mean diaphragm dome height
+    dome_side: dict[int, np.ndarray]  # per side (-1 image left, +1 image right)
+    u: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))  # (B, S, S)
+    v: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+    lung: dict[int, np.ndarray] = field(default_factory=dict)  # (B, S, S) soft masks without mediastinum
+    opacity: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))  # air fraction replaced
+    air_mult: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))  # extra air (lucency)
+    direct: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))  # intensity added
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.p[:, _PARAM_INDEX[name]]
-
-    def has(self, finding: str) -> np.ndarray:
-        return self.y[:, CHEST_FINDINGS.index(finding)] > 0.5
-
-    def severity(self, finding: str) -> np.ndarray:
-        """min + (1 - min) U, (B,) float32 (see ``_SEVERITY``); only meaningful for positives."""
-        low = _SEVERITY[finding][1]
-        return (low + (1.0 - low) * self[f"sev_{finding}"]).astype(np.float32)
 
     def side(self, name: str) -> np.ndarray:
         """-1 (image left, patient's right) or +1 (image right) from a uniform column."""
         return np.where(self[name] < 0.5, -1.0, 1.0).astype(np.float32)
 
+    def lung_of(self, side: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Rows ``idx`` of the lung mask on ``side`` (one side per row)."""
+        return _pick(side, self.lung[-1][idx], self.lung[1][idx])
+
+    def both(self, idx: np.ndarray) -> np.ndarray:
+        return self.lung[-1][idx] + self.lung[1][idx]
+
+
+def _geometry(p: np.ndarray, labels: np.ndarray, coarse: np.ndarray, fine: np.ndarray, size: int) -> _Block:
+    """Per-patient anatomy parameters, with the finding-driven changes (volume loss, enlargement)."""
+    has = {f: (labels[:, k] > 0.5).astype(np.float32) for k, f in enumerate(CHEST_FINDINGS)}
+    col = {name: p[:, i] for name, i in _PARAM_INDEX.items()}
+    sev = {}
+    for f in CHEST_FINDINGS:
+        low = _SEVERITY[f][1]
+        sev[f] = (low + (1.0 - low) * col[f"sev_{f}"]).astype(np.float32) * has[f]
+    amp = {f: _SEVERITY[f][0] * sev[f] for f in CHEST_FINDINGS}
+    emph = amp["emphysema"]
+    atel_side = np.where(col["atel_side"] < 0.5, -1.0, 1.0).astype(np.float32)
+    lung_a = 0.30 * (1.0 + 0.12 * (col["lung_a"] - 0.5))
+    lung_b = 0.62 * (1.0 + 0.10 * (col["lung_b"] - 0.5))
+    lung_a = lung_a * (1.0 + 0.10 * emph) * (1.0 - 0.06 * has["fibrosis"])
+    lung_b = lung_b * (1.0 + 0.12 * emph) * (1.0 - 0.07 * has["fibrosis"])
+    dome = 0.42 + 0.06 * (col["dome"] - 0.5) + 0.12 * emph
+    # Patient's right dome (image left) sits higher than the left; atelectasis elevates its side.
+    dome_side = {
+        -1: dome - 0.03 - 0.10 * sev["atelectasis"] * (atel_side < 0),
+        1: dome + 0.03 - 0.10 * sev["atelectasis"] * (atel_side > 0),
+    }
+    return _Block(
+        p=p,
+        coarse=coarse,
+        fine=fine,
+        size=size,
+        eps=0.8 / size,
+        sev=sev,
+        amp=amp,
+        lung_cx=0.40 + 0.04 * (col["lung_dx"] - 0.5),
+        lung_cy=-0.06 + 0.06 * (col["lung_dy"] - 0.5) + 0.04 * emph,
+        lung_a=lung_a,
+        lung_b=lung_b,
+        dome=dome,
+        dome_side=dome_side,
+    )
+
+
+def _pose(b: _Block) -> None:
+    """Patient coordinates (u, v) of every pixel: per-patient shift, rotation and scale of the grid."""
+    gx, gy = _grid(b.size)
+    scale = _col(0.95 + 0.10 * b["scale"])
+    rot = 0.10 * (b["rot"] - 0.5)
+    cos, sin = _col(np.cos(rot)), _col(np.sin(rot))
+    xs = gx - _col(0.10 * (b["shift_x"] - 0.5))
+    ys = gy - _col(0.10 * (b["shift_y"] - 0.5))
+    b.u = ((cos * xs + sin * ys) / scale).astype(np.float32)
+    b.v = ((cos * ys - sin * xs) / scale).astype(np.float32)
+
+
+def _anatomy(b: _Block) -> np.ndarray:
+    """Body, heart and mediastinum, lungs, bones and lung markings; returns the image without lung air.
+
+    Sets ``b.lung`` and initialises the accumulators (markings go into ``b.opacity``).
+    """
+    f32 = np.float32
+    u, v, eps = b.u, b.v, b.eps
+    sev, emph = b.sev, b.amp["emphysema"]
+    body = _ellipse(u, v, f32(0.0), f32(0.15), f32(0.95), f32(1.15), eps)
+    tissue = _col(0.58 + 0.06 * (b["tissue"] - 0.5)) + f32(0.05) * v
+    img = f32(0.06) + (tissue - f32(0.06)) * body
+
+    atel_side = b.side("atel_side")
+    heart_cx = 0.08 + 0.04 * (b["heart_x"] - 0.5) + 0.04 * sev["atelectasis"] * atel_side
+    heart_cx = heart_cx + 0.06 * sev["cardiomegaly"]
+    heart_cy = 0.30 + 0.04 * (b["heart_y"] - 0.5)
+    heart_a = 0.26 * (1.0 + 0.14 * (b["heart_a"] - 0.5)) * (1.0 + b.amp["cardiomegaly"]) * (1.0 - 0.15 * emph)
+    heart_b = 0.20 * (1.0 + 0.10 * (b["heart_b"] - 0.5)) * (1.0 + 0.15 * sev["cardiomegaly"])
+    heart = _ellipse(u, v, _col(heart_cx), _col(heart_cy), _col(heart_a), _col(heart_b), eps)
+    knob = _ellipse(u, v, f32(0.12), f32(-0.22), f32(0.08), f32(0.08), eps)
+    not_mediastinum = (1.0 - heart) * (1.0 - knob)
+    img = img + f32(0.04) * heart
+
+    dome_c = (1.0 + 0.2 * (b["dome_c"] - 0.5)) * (1.0 - 0.7 * emph)
+    lung_full = {}
+    for s in (-1, 1):
+        cx = _col(s * b.lung_cx)
+        below_dome = _sig((_col(b.dome_side[s]) + _col(dome_c) * (u - cx) ** 2 - v) / eps)
+        lung_full[s] = _ellipse(u, v, cx, _col(b.lung_cy), _col(b.lung_a), _col(b.lung_b), eps) * below_dome
+    b.lung = {s: lung_full[s] * not_mediastinum for s in (-1, 1)}
+
+    # bones: spine with vertebrae, clavicles, ribs over the lungs
+    spine = _sig((0.085 - np.abs(u)) / eps) * (
+        f32(0.8) + f32(0.2) * np.cos(2 * np.pi * v / f32(0.17) + _col(2 * np.pi * b["spine_phase"]))
+    )
+    clavicle = np.exp(-(((v + 0.70 - 0.12 * np.abs(u)) / 0.04) ** 2)) * _sig((0.75 - np.abs(u)) / eps)
+    period = _col(0.23 + 0.02 * b["rib_period"])
+    rib_t = v - f32(0.25) * np.abs(u) + f32(0.35) * u**2
+    ribs = (f32(0.5) + f32(0.5) * np.cos(2 * np.pi * rib_t / period + _col(2 * np.pi * b["rib_phase"]))) ** 2
+    img = img + (
+        f32(0.08) * spine + f32(0.08) * clavicle * body + f32(0.06) * ribs * (lung_full[-1] + lung_full[1])
+    )
+
+    # lung opacity (fraction of air replaced) and air multiplier; markings densest near the hila
+    markings = np.maximum(_field(b.coarse[:, 0], b.size), 0.0)
+    hilar = np.exp(-((np.abs(u) - 0.22) ** 2 + (v - 0.02) ** 2) / f32(0.18))
+    b.opacity = markings * (f32(0.06) + f32(0.14) * hilar) * (1.0 - 0.6 * _col(emph))
+    b.air_mult = np.ones_like(u) * (1.0 + 0.25 * _col(emph))
+    b.direct = np.zeros_like(u)
+    return img
+
+
+# --- finding painters: each adds its pattern for the positive rows ``i`` to the block's accumulators ---
+
+
+def _paint_atelectasis(b: _Block, i: np.ndarray) -> None:
+    s = b.side("atel_side")[i]
+    uu, vv = b.u[i], b.v[i]
+    y0 = _col(0.05 + 0.20 * b["atel_y"][i])
+    ang = _col(0.7 * (b["atel_angle"][i] - 0.5))
+    width = _col(0.035 + 0.02 * b["atel_width"][i])
+    dist = (vv - y0) * np.cos(ang) - (uu - _col(s * b.lung_cx[i])) * np.sin(ang)
+    band = _sig((width - np.abs(dist)) / b.eps)
+    b.opacity[i] += _col(b.amp["atelectasis"][i]) * band * b.lung_of(s, i)
+
+
+def _paint_effusion(b: _Block, i: np.ndarray) -> None:
+    f32 = np.float32
+    s = b.side("eff_side")[i]
+    bilateral = b["eff_bilat"][i] < 0.4
+    uu, vv = b.u[i], b.v[i]
+    h = _col(0.16 + 0.18 * b["eff_height"][i])
+    for side in (-1, 1):
+        on = _col((s == side) | bilateral)
+        lateral = np.clip((side * (uu - _col(side * b.lung_cx[i])) / _col(b.lung_a[i]) + 1.0) / 2.0, 0.0, 1.0)
+        level = _col(b.dome_side[side][i]) + f32(0.04) - h * (f32(0.3) + f32(0.7) * lateral**1.5)
+        fluid = _sig((vv - level) / (2 * b.eps))
+        b.opacity[i] += _col(b.amp["effusion"][i]) * on * fluid * b.lung[side][i]
+
+
+def _paint_infiltration(b: _Block, i: np.ndarray) -> None:
+    vv = b.v[i]
+    s = b.side("inf_side")[i]
+    bilateral = b["inf_bilat"][i] < 0.6
+    zone = _col(np.choose(np.minimum((b["inf_zone"][i] * 3).astype(int), 2), [-0.30, 0.02, 0.28]))
+    region = np.exp(-(((vv - zone) / 0.25) ** 2)) * np.where(_col(bilateral), b.both(i), b.lung_of(s, i))
+    # patches: where the field comes within 0.8-1.6 sd of its maximum inside the region
+    fld = _field(b.coarse[i, 1], b.size)
+    peak = np.where(region > 0.3, fld, -np.inf).max(axis=(1, 2), keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    patches = _sig((fld - peak + _col(0.8 + 0.8 * b["inf_thr"][i])) / 0.25)
+    b.opacity[i] += _col(b.amp["infiltration"][i]) * patches * region
+
+
+def _paint_mass(b: _Block, i: np.ndarray) -> None:
+    uu, vv = b.u[i], b.v[i]
+    s = b.side("mass_side")[i]
+    cx = _col(s * b.lung_cx[i] + 0.5 * b.lung_a[i] * (2 * b["mass_x"][i] - 1))
+    cy = _col(b.lung_cy[i] + 0.45 * b.lung_b[i] * (2 * b["mass_y"][i] - 1))
+    r = _col(0.10 + 0.06 * b["mass_r"][i])
+    angle = np.arctan2(vv - cy, uu - cx)
+    r_eff = r * (1.0 + 0.12 * np.cos(3 * angle + _col(2 * np.pi * b["mass_lobe"][i])))
+    d = np.sqrt((uu - cx) ** 2 + (vv - cy) ** 2)
+    b.opacity[i] += _col(b.amp["mass"][i]) * _sig((r_eff - d) / b.eps)
+
+
+def _paint_nodule(b: _Block, i: np.ndarray) -> None:
+    uu, vv = b.u[i], b.v[i]
+    sigma = np.float32(0.05)
+    for k, present in ((1, np.ones(i.size, bool)), (2, b["nod_count"][i] < 0.35)):
+        s = b.side(f"nod_side{k}")[i]
+        cx = _col(s * b.lung_cx[i] + 0.55 * b.lung_a[i] * (2 * b[f"nod_x{k}"][i] - 1))
+        cy = _col(b.lung_cy[i] + 0.50 * b.lung_b[i] * (2 * b[f"nod_y{k}"][i] - 1))
+        blob = np.exp(-((uu - cx) ** 2 + (vv - cy) ** 2) / (2 * sigma**2))
+        b.direct[i] += _col(b.amp["nodule"][i]) * _col(present) * blob
+
+
+def _paint_pneumonia(b: _Block, i: np.ndarray) -> None:
+    f32 = np.float32
+    uu, vv = b.u[i], b.v[i]
+    s = b.side("pna_side")[i]
+    cx = _col(s * (b.lung_cx[i] + 0.04 + 0.06 * (b["pna_x"][i] - 0.5)))
+    cy = _col(0.20 + 0.08 * b["pna_y"][i])
+    region = _ellipse(uu, vv, cx, cy, f32(0.21), f32(0.17), 3 * b.eps)
+    patchy = f32(0.7) + f32(0.3) * _sig(_field(b.coarse[i, 2], b.size) / 0.5)
+    ang = _col(np.pi * b["pna_angle"][i])
+    stripes = (f32(0.5) + f32(0.5) * np.cos(2 * np.pi * (uu * np.cos(ang) + vv * np.sin(ang)) / 0.16)) ** 4
+    b.opacity[i] += _col(b.amp["pneumonia"][i]) * region * (patchy - f32(0.45) * stripes) * b.lung_of(s, i)
+
+
+def _paint_consolidation(b: _Block, i: np.ndarray) -> None:
+    f32 = np.float32
+    uu, vv = b.u[i], b.v[i]
+    s = b.side("cons_side")[i]
+    tilt = _col(0.5 * (b["cons_tilt"][i] - 0.5))
+    rel = uu - _col(s * b.lung_cx[i])
+    upper = _col(b["cons_lobe"][i] < 0.6)
+    fissure1 = f32(0.0) + tilt * rel
+    fissure2 = f32(0.30) + tilt * rel
+    above1 = _sig((fissure1 - vv) / b.eps)
+    middle = _sig((vv - fissure1) / b.eps) * _sig((fissure2 - vv) / b.eps)
+    region = np.where(upper, above1, middle)
+    b.opacity[i] += _col(b.amp["consolidation"][i]) * region * b.lung_of(s, i)
+
+
+def _paint_edema(b: _Block, i: np.ndarray) -> None:
+    uu, vv = b.u[i], b.v[i]
+    batwing = np.exp(-(((np.abs(uu) - 0.22) / 0.15) ** 2 + ((vv - 0.05) / 0.25) ** 2) / 2)
+    b.opacity[i] += _col(b.amp["edema"][i]) * batwing * b.both(i)
+
+
+def _paint_fibrosis(b: _Block, i: np.ndarray) -> None:
+    f32 = np.float32
+    uu, vv = b.u[i], b.v[i]
+    net = np.exp(-((_field(b.fine[i, 0], b.size) / 0.35) ** 2))
+    q = np.sqrt(
+        ((np.abs(uu) - _col(b.lung_cx[i])) / _col(b.lung_a[i])) ** 2
+        + ((vv - _col(b.lung_cy[i])) / _col(b.lung_b[i])) ** 2
+    )
+    periphery = _sig((q - 0.5) / 0.1) * (f32(0.5) + f32(0.5) * _sig(vv / 0.2))
+    b.opacity[i] += _col(b.amp["fibrosis"][i]) * net * periphery * b.both(i)
+
+
+def _paint_pleural(b: _Block, i: np.ndarray) -> None:
+    uu, vv = b.u[i], b.v[i]
+    s = b.side("pl_side")[i]
+    bilateral = b["pl_bilat"][i] < 0.4
+    t = _col(0.08 + 0.05 * b["pl_thick"][i])
+    a, bb, cy = _col(b.lung_a[i]), _col(b.lung_b[i]), _col(b.lung_cy[i])
+    for side in (-1, 1):
+        on = _col((s == side) | bilateral)
+        cx = _col(side * b.lung_cx[i]) - side * t / 2
+        inner = _ellipse(uu, vv, cx, cy + t / 2, a - t / 2, bb - t / 2, b.eps)
+        b.opacity[i] += _col(b.amp["pleural"][i]) * on * b.lung[side][i] * (1.0 - inner)
+
+
+def _paint_hernia(b: _Block, i: np.ndarray) -> None:
+    f32 = np.float32
+    uu, vv = b.u[i], b.v[i]
+    r = _col(0.14 + 0.05 * b["hernia_r"][i])
+    cx = _col(0.02 + 0.08 * (b["hernia_x"][i] - 0.5))
+    cy = _col(b.dome[i]) - r * 0.6
+    disk = _ellipse(uu, vv, cx, cy, r, r, b.eps)
+    level = cy - r * _col(0.1 + 0.3 * b["hernia_level"][i])
+    gas = _sig((level - vv) / b.eps)
+    b.direct[i] += _col(b.amp["hernia"][i]) * disk * (f32(0.4) - f32(1.3) * gas)
+
+
+def _paint_pneumothorax(b: _Block, i: np.ndarray) -> None:
+    """Runs last: the rim beyond the collapsed lung loses its markings and any other opacity."""
+    uu, vv = b.u[i], b.v[i]
+    s = b.side("ptx_side")[i]
+    frac = 0.10 + 0.25 * b.sev["pneumothorax"][i]
+    a, bb = b.lung_a[i], b.lung_b[i]
+    a_c, b_c = _col(a * (1 - frac)), _col(bb * (1 - 0.6 * frac))
+    cx = _col(s * (b.lung_cx[i] - a * frac))
+    cy = _col(b.lung_cy[i] + 0.6 * bb * frac)
+    collapsed = _ellipse(uu, vv, cx, cy, a_c, b_c, b.eps)
+    side_lung = b.lung_of(s, i)
+    rim = side_lung * (1.0 - collapsed)
+    q = np.sqrt(((uu - cx) / a_c) ** 2 + ((vv - cy) / b_c) ** 2)
+    pleural_line = np.exp(-((((q - 1.0) * np.minimum(a_c, b_c)) / (1.2 / b.size)) ** 2)) * side_lung
+    b.opacity[i] = b.opacity[i] * (1.0 - rim)
+    b.air_mult[i] += _col(b.amp["pneumothorax"][i]) * rim
+    b.direct[i] += np.float32(0.10) * pleural_line
+
+
+#: Painting order (pneumothorax last, as it clears the opacity in its rim).
+_PAINTERS: tuple[tuple[str, Callable[[_Block, np.ndarray], None]], ...] = (
+    ("atelectasis", _paint_atelectasis),
+    ("effusion", _paint_effusion),
+    ("infiltration", _paint_infiltration),
+    ("mass", _paint_mass),
+    ("nodule", _paint_nodule),
+    ("pneumonia", _paint_pneumonia),
+    ("consolidation", _paint_consolidation),
+    ("edema", _paint_edema),
+    ("fibrosis", _paint_fibrosis),
+    ("pleural", _paint_pleural),
+    ("hernia", _paint_hernia),
+    ("pneumothorax", _paint_pneumothorax),
+)
+# cardiomegaly and emphysema change the anatomy itself (_geometry / _anatomy)
+
 
 def _render_block(labels: np.ndarray, size: int, seed: int, block: int) -> np.ndarray:
-    """Render (m, 1, S, S) float32 images for m <= _BLOCK rows of labels of block ``block``."""
+    """Render (m, 1, S, S) float32 images for the m <= _BLOCK label rows of block ``block``.
+
+    Pixel value = (body and bones) - depth * lung * air_mult * (1 - clip(opacity, 0, 1)) + direct,
+    then per-patient brightness/offset and Gaussian pixel noise, clipped to [0, 1].
+    """
     m = labels.shape[0]
     rng = np.random.default_rng([seed, 1, block])
     # Draw the full block in a fixed order so each row's randomness is the same for any n.
@@ -299,241 +595,23 @@ def _render_block(labels: np.ndarray, size: int, seed: int, block: int) -> np.nd
     coarse = rng.standard_normal((_BLOCK, len(_COARSE_FIELDS), _COARSE_GRID, _COARSE_GRID), dtype=np.float32)
     fine = rng.standard_normal((_BLOCK, len(_FINE_FIELDS), _FINE_GRID, _FINE_GRID), dtype=np.float32)
     noise = rng.standard_normal((_BLOCK, size, size), dtype=np.float32)[:m]
-    coarse, fine = coarse[:m], fine[:m]
-    pt = _Patients(p=params, y=labels, size=size, eps=0.8 / size)
-    eps = pt.eps
+
+    b = _geometry(params, labels, coarse[:m], fine[:m], size)
+    _pose(b)
+    img = _anatomy(b)
+    for finding, paint in _PAINTERS:
+        rows = np.flatnonzero(labels[:, CHEST_FINDINGS.index(finding)] > 0.5)
+        if rows.size:
+            paint(b, rows)
+
     f32 = np.float32
-
-    # --- per-patient geometry, with the finding-driven changes (volume loss, enlargement) ----------------
-    has = {f: pt.has(f).astype(np.float32) for f in CHEST_FINDINGS}
-    sev = {f: pt.severity(f) * has[f] for f in CHEST_FINDINGS}  # 0 for negatives
-    amp = {f: _SEVERITY[f][0] * sev[f] for f in CHEST_FINDINGS}
-    emph = amp["emphysema"]
-    atel_side = pt.side("atel_side")
-    lung_a = 0.30 * (1.0 + 0.12 * (pt["lung_a"] - 0.5))
-    lung_b = 0.62 * (1.0 + 0.10 * (pt["lung_b"] - 0.5))
-    lung_a = lung_a * (1.0 + 0.10 * emph) * (1.0 - 0.06 * has["fibrosis"])
-    lung_b = lung_b * (1.0 + 0.12 * emph) * (1.0 - 0.07 * has["fibrosis"])
-    lung_cx = 0.40 + 0.04 * (pt["lung_dx"] - 0.5)
-    lung_cy = -0.06 + 0.06 * (pt["lung_dy"] - 0.5) + 0.04 * emph
-    dome = 0.42 + 0.06 * (pt["dome"] - 0.5) + 0.12 * emph
-    dome_c = (1.0 + 0.2 * (pt["dome_c"] - 0.5)) * (1.0 - 0.7 * emph)
-    # Patient's right dome (image left) sits higher than the left; atelectasis elevates its side.
-    dome_side = {
-        -1: dome - 0.03 - 0.10 * sev["atelectasis"] * (atel_side < 0),
-        1: dome + 0.03 - 0.10 * sev["atelectasis"] * (atel_side > 0),
-    }
-    heart_cx = 0.08 + 0.04 * (pt["heart_x"] - 0.5) + 0.04 * sev["atelectasis"] * atel_side
-    heart_cx = heart_cx + 0.06 * sev["cardiomegaly"]
-    heart_cy = 0.30 + 0.04 * (pt["heart_y"] - 0.5)
-    heart_a = 0.26 * (1.0 + 0.14 * (pt["heart_a"] - 0.5)) * (1.0 + amp["cardiomegaly"]) * (1.0 - 0.15 * emph)
-    heart_b = 0.20 * (1.0 + 0.10 * (pt["heart_b"] - 0.5)) * (1.0 + 0.15 * sev["cardiomegaly"])
-
-    # --- per-patient pose: u, v are patient coordinates of every pixel -----------------------------------
-    gx, gy = _grid(size)
-    scale = _col(0.95 + 0.10 * pt["scale"])
-    rot = 0.10 * (pt["rot"] - 0.5)
-    cos, sin = _col(np.cos(rot)), _col(np.sin(rot))
-    xs = gx - _col(0.10 * (pt["shift_x"] - 0.5))
-    ys = gy - _col(0.10 * (pt["shift_y"] - 0.5))
-    u = ((cos * xs + sin * ys) / scale).astype(f32)
-    v = ((cos * ys - sin * xs) / scale).astype(f32)
-
-    # --- anatomy -------------------------------------------------------------------------------------------
-    body = _ellipse(u, v, f32(0.0), f32(0.15), f32(0.95), f32(1.15), eps)
-    tissue = _col(0.58 + 0.06 * (pt["tissue"] - 0.5)) + f32(0.05) * v
-    img = f32(0.06) + (tissue - f32(0.06)) * body
-
-    heart = _ellipse(u, v, _col(heart_cx), _col(heart_cy), _col(heart_a), _col(heart_b), eps)
-    knob = _ellipse(u, v, f32(0.12), f32(-0.22), f32(0.08), f32(0.08), eps)
-    not_mediastinum = (1.0 - heart) * (1.0 - knob)
-    img = img + f32(0.04) * heart
-
-    lung_full = {}
-    for s in (-1, 1):
-        cx = _col(s * lung_cx)
-        below_dome = _sig((_col(dome_side[s]) + _col(dome_c) * (u - cx) ** 2 - v) / eps)
-        lung_full[s] = _ellipse(u, v, cx, _col(lung_cy), _col(lung_a), _col(lung_b), eps) * below_dome
-    lung = {s: lung_full[s] * not_mediastinum for s in (-1, 1)}
-    both = lung[-1] + lung[1]
-
-    # bones: spine with vertebrae, clavicles, ribs over the lungs
-    spine = _sig((0.085 - np.abs(u)) / eps) * (
-        f32(0.8) + f32(0.2) * np.cos(2 * np.pi * v / f32(0.17) + _col(2 * np.pi * pt["spine_phase"]))
+    air_depth = _col(0.40 * (1.0 + 0.10 * (b["air"] - 0.5)))
+    img = (
+        img
+        - air_depth * (b.lung[-1] + b.lung[1]) * b.air_mult * (1.0 - np.clip(b.opacity, 0.0, 1.0))
+        + b.direct
     )
-    clavicle = np.exp(-(((v + 0.70 - 0.12 * np.abs(u)) / 0.04) ** 2)) * _sig((0.75 - np.abs(u)) / eps)
-    period = _col(0.23 + 0.02 * pt["rib_period"])
-    rib_t = v - f32(0.25) * np.abs(u) + f32(0.35) * u**2
-    ribs = (f32(0.5) + f32(0.5) * np.cos(2 * np.pi * rib_t / period + _col(2 * np.pi * pt["rib_phase"]))) ** 2
-    img = img + (
-        f32(0.08) * spine + f32(0.08) * clavicle * body + f32(0.06) * ribs * (lung_full[-1] + lung_full[1])
-    )
-
-    # lung opacity O (fraction of air replaced) and air multiplier; markings densest near the hila
-    markings = np.maximum(_field(coarse[:, 0], size), 0.0)
-    hilar = np.exp(-((np.abs(u) - 0.22) ** 2 + (v - 0.02) ** 2) / f32(0.18))
-    opacity = markings * (f32(0.06) + f32(0.14) * hilar) * (1.0 - 0.6 * _col(emph))
-    air_mult = np.ones_like(u) * (1.0 + 0.25 * _col(emph))
-    direct = np.zeros_like(u)
-
-    def lung_of(side: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return _pick(side, lung[-1][idx], lung[1][idx])
-
-    # --- findings ------------------------------------------------------------------------------------------
-    idx = np.flatnonzero(has["atelectasis"])
-    if idx.size:
-        s = atel_side[idx]
-        uu, vv = u[idx], v[idx]
-        y0 = _col(0.05 + 0.20 * pt["atel_y"][idx])
-        ang = _col(0.7 * (pt["atel_angle"][idx] - 0.5))
-        width = _col(0.035 + 0.02 * pt["atel_width"][idx])
-        dist = (vv - y0) * np.cos(ang) - (uu - _col(s * lung_cx[idx])) * np.sin(ang)
-        band = _sig((width - np.abs(dist)) / eps)
-        opacity[idx] += _col(amp["atelectasis"][idx]) * band * lung_of(s, idx)
-
-    idx = np.flatnonzero(has["effusion"])
-    if idx.size:
-        s = pt.side("eff_side")[idx]
-        bilateral = pt["eff_bilat"][idx] < 0.4
-        uu, vv = u[idx], v[idx]
-        h = _col(0.14 + 0.18 * pt["eff_height"][idx])
-        for side in (-1, 1):
-            on = _col((s == side) | bilateral)
-            lateral = np.clip(
-                (side * (uu - _col(side * lung_cx[idx])) / _col(lung_a[idx]) + 1.0) / 2.0, 0.0, 1.0
-            )
-            level = _col(dome_side[side][idx]) + f32(0.04) - h * (f32(0.3) + f32(0.7) * lateral**1.5)
-            fluid = _sig((vv - level) / (2 * eps))
-            opacity[idx] += _col(amp["effusion"][idx]) * on * fluid * lung[side][idx]
-
-    idx = np.flatnonzero(has["infiltration"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        s = pt.side("inf_side")[idx]
-        bilateral = pt["inf_bilat"][idx] < 0.6
-        zone = _col(np.choose(np.minimum((pt["inf_zone"][idx] * 3).astype(int), 2), [-0.30, 0.02, 0.28]))
-        weight = np.exp(-(((vv - zone) / 0.25) ** 2))
-        patches = _sig((_field(coarse[idx, 1], size) - _col(0.2 + 0.5 * pt["inf_thr"][idx])) / 0.25)
-        on = np.where(_col(bilateral), lung[-1][idx] + lung[1][idx], lung_of(s, idx))
-        opacity[idx] += _col(amp["infiltration"][idx]) * patches * weight * on
-
-    idx = np.flatnonzero(has["mass"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        s = pt.side("mass_side")[idx]
-        cx = _col(s * lung_cx[idx] + 0.5 * lung_a[idx] * (2 * pt["mass_x"][idx] - 1))
-        cy = _col(lung_cy[idx] + 0.45 * lung_b[idx] * (2 * pt["mass_y"][idx] - 1))
-        r = _col(0.10 + 0.06 * pt["mass_r"][idx])
-        angle = np.arctan2(vv - cy, uu - cx)
-        r_eff = r * (1.0 + 0.12 * np.cos(3 * angle + _col(2 * np.pi * pt["mass_lobe"][idx])))
-        d = np.sqrt((uu - cx) ** 2 + (vv - cy) ** 2)
-        opacity[idx] += _col(amp["mass"][idx]) * _sig((r_eff - d) / eps)
-
-    idx = np.flatnonzero(has["nodule"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        sigma = f32(0.05)
-        for k, present in ((1, np.ones(idx.size, bool)), (2, pt["nod_count"][idx] < 0.35)):
-            s = pt.side(f"nod_side{k}")[idx]
-            cx = _col(s * lung_cx[idx] + 0.55 * lung_a[idx] * (2 * pt[f"nod_x{k}"][idx] - 1))
-            cy = _col(lung_cy[idx] + 0.50 * lung_b[idx] * (2 * pt[f"nod_y{k}"][idx] - 1))
-            blob = np.exp(-((uu - cx) ** 2 + (vv - cy) ** 2) / (2 * sigma**2))
-            direct[idx] += _col(amp["nodule"][idx]) * _col(present) * blob
-
-    idx = np.flatnonzero(has["pneumonia"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        s = pt.side("pna_side")[idx]
-        cx = _col(s * (lung_cx[idx] + 0.04 + 0.06 * (pt["pna_x"][idx] - 0.5)))
-        cy = _col(0.20 + 0.08 * pt["pna_y"][idx])
-        region = _ellipse(uu, vv, cx, cy, f32(0.21), f32(0.17), 3 * eps)
-        patchy = f32(0.7) + f32(0.3) * _sig(_field(coarse[idx, 2], size) / 0.5)
-        ang = _col(np.pi * pt["pna_angle"][idx])
-        stripes = (
-            f32(0.5) + f32(0.5) * np.cos(2 * np.pi * (uu * np.cos(ang) + vv * np.sin(ang)) / 0.16)
-        ) ** 4
-        opacity[idx] += (
-            _col(amp["pneumonia"][idx]) * region * (patchy - f32(0.45) * stripes) * lung_of(s, idx)
-        )
-
-    idx = np.flatnonzero(has["consolidation"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        s = pt.side("cons_side")[idx]
-        tilt = _col(0.5 * (pt["cons_tilt"][idx] - 0.5))
-        rel = uu - _col(s * lung_cx[idx])
-        upper = _col(pt["cons_lobe"][idx] < 0.6)
-        fissure1 = f32(0.0) + tilt * rel
-        fissure2 = f32(0.30) + tilt * rel
-        above1 = _sig((fissure1 - vv) / eps)
-        middle = _sig((vv - fissure1) / eps) * _sig((fissure2 - vv) / eps)
-        region = np.where(upper, above1, middle)
-        opacity[idx] += _col(amp["consolidation"][idx]) * region * lung_of(s, idx)
-
-    idx = np.flatnonzero(has["edema"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        batwing = np.exp(-(((np.abs(uu) - 0.22) / 0.15) ** 2 + ((vv - 0.05) / 0.25) ** 2) / 2)
-        opacity[idx] += _col(amp["edema"][idx]) * batwing * both[idx]
-
-    idx = np.flatnonzero(has["fibrosis"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        net = np.exp(-((_field(fine[idx, 0], size) / 0.35) ** 2))
-        q = np.sqrt(
-            ((np.abs(uu) - _col(lung_cx[idx])) / _col(lung_a[idx])) ** 2
-            + ((vv - _col(lung_cy[idx])) / _col(lung_b[idx])) ** 2
-        )
-        periphery = _sig((q - 0.5) / 0.1) * (f32(0.5) + f32(0.5) * _sig(vv / 0.2))
-        opacity[idx] += _col(amp["fibrosis"][idx]) * net * periphery * both[idx]
-
-    idx = np.flatnonzero(has["pleural"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        s = pt.side("pl_side")[idx]
-        bilateral = pt["pl_bilat"][idx] < 0.4
-        t = _col(0.08 + 0.05 * pt["pl_thick"][idx])
-        for side in (-1, 1):
-            on = _col((s == side) | bilateral)
-            cx = _col(side * lung_cx[idx]) - side * t / 2
-            inner = _ellipse(uu, vv, cx, _col(lung_cy[idx]) + t / 2, _col(lung_a[idx]) - t / 2,
-                             _col(lung_b[idx]) - t / 2, eps)  # fmt: skip
-            opacity[idx] += _col(amp["pleural"][idx]) * on * lung[side][idx] * (1.0 - inner)
-
-    idx = np.flatnonzero(has["hernia"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        r = _col(0.14 + 0.05 * pt["hernia_r"][idx])
-        cx = _col(0.02 + 0.08 * (pt["hernia_x"][idx] - 0.5))
-        cy = _col(dome[idx]) - r * 0.6
-        disk = _ellipse(uu, vv, cx, cy, r, r, eps)
-        level = cy - r * _col(0.1 + 0.3 * pt["hernia_level"][idx])
-        gas = _sig((level - vv) / eps)
-        direct[idx] += _col(amp["hernia"][idx]) * disk * (f32(0.4) - f32(1.3) * gas)
-
-    # pneumothorax last: the rim beyond the collapsed lung has no markings and no opacity
-    idx = np.flatnonzero(has["pneumothorax"])
-    if idx.size:
-        uu, vv = u[idx], v[idx]
-        s = pt.side("ptx_side")[idx]
-        frac = 0.12 + 0.30 * sev["pneumothorax"][idx]
-        a, b = lung_a[idx], lung_b[idx]
-        a_c, b_c = _col(a * (1 - frac)), _col(b * (1 - 0.6 * frac))
-        cx = _col(s * (lung_cx[idx] - a * frac))
-        cy = _col(lung_cy[idx] + 0.6 * b * frac)
-        collapsed = _ellipse(uu, vv, cx, cy, a_c, b_c, eps)
-        side_lung = lung_of(s, idx)
-        rim = side_lung * (1.0 - collapsed)
-        q = np.sqrt(((uu - cx) / a_c) ** 2 + ((vv - cy) / b_c) ** 2)
-        pleural_line = np.exp(-((((q - 1.0) * np.minimum(a_c, b_c)) / (1.2 / size)) ** 2)) * side_lung
-        opacity[idx] = opacity[idx] * (1.0 - rim) + f32(0.12) * collapsed * side_lung
-        air_mult[idx] += _col(amp["pneumothorax"][idx]) * rim
-        direct[idx] += f32(0.10) * pleural_line
-
-    # --- compose -------------------------------------------------------------------------------------------
-    air_depth = _col(0.40 * (1.0 + 0.10 * (pt["air"] - 0.5)))
-    img = img - air_depth * both * air_mult * (1.0 - np.clip(opacity, 0.0, 1.0)) + direct
-    img = img * _col(0.92 + 0.16 * pt["bright"]) + _col(0.06 * (pt["offset"] - 0.5))
+    img = img * _col(0.92 + 0.16 * b["bright"]) + _col(0.06 * (b["offset"] - 0.5))
     img = img + f32(_PIXEL_NOISE) * noise
     return np.clip(img, 0.0, 1.0).astype(np.float32)[:, None]
 
@@ -681,7 +759,7 @@ def save_sample_grid(
         ]
         title = "\n".join(["+".join(names[j : j + 2]) for j in range(0, len(names), 2)]) or "normal"
         ax.set_title(title, fontsize=7)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1.0 - 0.3 / nrows, wspace=0.05, hspace=0.45)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)

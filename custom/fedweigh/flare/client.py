@@ -8,12 +8,18 @@ It dispatches on ``flare.get_task_name()``:
   and the scalars the server's scheme asked for;
 - ``validate``: evaluate the received global model only;
 - ``stats``: answer the label-statistics phase (see :mod:`fedweigh.flare.statistics`).
+
+When a task's meta carries the HE layout (``fedweigh_he``, :mod:`fedweigh.secure_updates`), the
+site decrypts the global model it receives (round 1: plaintext) with its client context, keeps the
+decrypted model in ``fedweigh_he_global_<job id>.npz`` in its working folder (after the final
+``validate`` task: theta_g^T), and sends Enc(theta_k - theta_g) instead of its parameters.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from fedweigh.flare.constants import META_NUM_SAMPLES, META_PLAN, META_SCALARS, TASK_STATS, TASK_TRAIN
 from fedweigh.site import ClientArgs
@@ -21,6 +27,43 @@ from fedweigh.site import ClientArgs
 logger = logging.getLogger("fedweigh.client")
 
 __all__ = ["ClientArgs", "main"]
+
+#: Where a site keeps the decrypted global model under HE (in its working folder).
+HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
+
+
+#: Meta key of the HE layout (fedweigh.secure_updates.META_HE; not imported here so that plaintext
+#: runs do not load TenSEAL).
+META_HE = "fedweigh_he"
+
+
+def _he_decode(received: dict, he_meta: dict, reference: dict):
+    """(decrypted global model, HE layout, client context) of a task under HE."""
+    from fedweigh.flare.secure_statistics import load_role_context
+    from fedweigh.secure_updates import decode_global
+
+    ctx, _ = load_role_context("client")
+    params, layout = decode_global(ctx, received, he_meta, reference)
+    return params, layout, ctx
+
+
+def _he_encode(ctx, params: dict, global_params: dict, layout) -> dict:
+    """Enc(theta_k - theta_g) chunks and the clear arrays, as tensors for the Client API."""
+    import torch
+
+    from fedweigh.secure_updates import encode_update
+
+    return {k: torch.as_tensor(v) for k, v in encode_update(ctx, params, global_params, layout).items()}
+
+
+def _save_site_model(job_id: str, params: dict) -> None:
+    """Write the decrypted global model atomically (the server cannot persist it under HE)."""
+    import numpy as np
+
+    path = Path(HE_SITE_MODEL_FILE.format(job_id=job_id))
+    tmp = path.with_name("tmp_" + path.name)
+    np.savez(tmp, **params)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     from fedweigh.flare.site_data import resolve_site_data
     from fedweigh.flare.statistics import load_cached_global_stats
     from fedweigh.site import SiteTrainer, parse_args
-    from fedweigh.train import set_params
+    from fedweigh.train import get_params, set_params
 
     logging.basicConfig(level=logging.INFO)
     args = parse_args(argv)
@@ -52,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         task = flare.get_task_name()
         plan = (input_model.meta or {}).get(META_PLAN, {}) or {}
         round_index = int(input_model.current_round or 0)
+        he_meta = (input_model.meta or {}).get(META_HE) if task != TASK_STATS else None
+        if he_meta:
+            decrypted, he_layout, he_ctx = _he_decode(input_model.params, he_meta, get_params(trainer.model))
+            _save_site_model(trainer.job_id, decrypted)
+            input_model.params = decrypted
 
         if task == TASK_STATS:
             from fedweigh.flare.statistics import answer_statistics_task
@@ -68,7 +116,11 @@ def main(argv: list[str] | None = None) -> None:
             flare.send(FLModel(metrics=metrics, meta={META_NUM_SAMPLES: len(trainer.site.val)}))
             continue
 
-        out = trainer.run_round(input_model.params, round_index, plan)
+        out = trainer.run_round(input_model.params, round_index, plan, total_rounds=input_model.total_rounds)
+        if he_meta:
+            params = _he_encode(he_ctx, out.params, input_model.params, he_layout)
+        else:
+            params = {k: torch.as_tensor(v) for k, v in out.params.items()}
         for key, value in out.metrics.items():
             writer.add_scalar(key, value, round_index)
         logger.info(
@@ -81,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         flare.send(
             FLModel(
-                params={k: torch.as_tensor(v) for k, v in out.params.items()},
+                params=params,
                 params_type=ParamsType.FULL,
                 metrics=out.metrics,
                 meta={

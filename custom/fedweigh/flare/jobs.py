@@ -2,13 +2,26 @@
 
 ``fedweigh jobs export`` rewrites ``jobs/`` from this catalogue; a test keeps the committed folders
 equal to a fresh export.
+
+How the fedweigh code reaches the sites (docs/deploy.md):
+
+- default: the job ships only the client entry script in ``custom/``; the sites have fedweigh
+  installed. What the simulator runs and what ``jobs/`` holds.
+- ``bundle=True``: the whole fedweigh package goes into every app's ``custom/`` folder, so sites
+  need only fedweigh's dependencies. A job with ``custom/`` is bring-your-own-code (BYOC) for
+  NVFlare: its submitter needs the ``byoc`` right (project_admin or lead in the default policy).
+- ``site_installed=True``: the job carries no code at all; its client executor is
+  :class:`~fedweigh.flare.site_executor.InstalledClientExecutor`. A provisioned site runs it only
+  when ``fedweigh.`` is in the site's ``class_allow_list`` (provisioning/resources.json).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from fedweigh.flare.client import ClientArgs
@@ -27,11 +40,18 @@ CHEXPERT_CLIENT = ClientArgs(
 )
 
 
-def _job(method: str, client: ClientArgs, rounds: int, sites: int) -> Callable:
-    def make(name: str):
+def _job(method: str, client: ClientArgs, rounds: int, sites: int, **recipe_options) -> Callable:
+    def make(name: str, bundle: bool = False):
         from fedweigh.flare import recipes
 
-        common = {"name": name, "num_rounds": rounds, "min_clients": sites, "client": client}
+        common = {
+            "name": name,
+            "num_rounds": rounds,
+            "min_clients": sites,
+            "client": client,
+            "bundle": bundle,
+            **recipe_options,
+        }
         if method == "feddraw":
             return recipes.FedDRAWRecipe(**common)
         if method == "fedbb":
@@ -49,27 +69,147 @@ METHODS = ("feddraw", "fedbb", "dafl", "fedavg", "fedprox", "fednova", "fedadp",
 #: job folder name -> factory(name) -> Recipe
 JOB_CATALOGUE: dict[str, Callable] = {
     **{f"synthcxr_{m}": _job(m, SYNTHCXR_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES) for m in METHODS},
+    # privacy-hardened variants: FedDRAW with encrypted model updates (the sites report their
+    # similarity), DAFL with DP-SGD at the sites (epsilon 8 over the whole job)
+    "synthcxr_feddraw_he": _job("feddraw", SYNTHCXR_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES, he=True),
+    "synthcxr_dafl_dp": _job(
+        "dafl", replace(SYNTHCXR_CLIENT, norm="group", dp_epsilon=8.0), SYNTHCXR_ROUNDS, SYNTHCXR_SITES
+    ),
     "chestmnist_feddraw": _job("feddraw", CHESTMNIST_CLIENT, 10, 4),
     "chexpert_feddraw": _job("feddraw", CHEXPERT_CLIENT, 10, 4),
 }
 
 
-def export_jobs(out_dir: str | Path = "jobs", names: list[str] | None = None) -> list[Path]:
-    """Export the catalogue's jobs into ``out_dir`` (each folder replaced whole)."""
+#: NVFlare's job folders: an app is a folder with a config/ folder; its code lives in custom/.
+CONFIG_FOLDER = "config"
+CUSTOM_FOLDER = "custom"
+CLIENT_CONFIG = "config_fed_client.json"
+CLIENT_API_EXECUTOR = "nvflare.app_common.executors.client_api_executor.ClientAPIExecutor"
+INSTALLED_EXECUTOR = "fedweigh.flare.site_executor.InstalledClientExecutor"
+#: ClientAPIExecutor arguments that InstalledClientExecutor takes over unchanged.
+_INSTALLED_EXECUTOR_ARGS = frozenset(
+    {
+        "task_script_args",
+        "params_exchange_format",
+        "server_expected_format",
+        "params_transfer_type",
+        "memory_gc_rounds",
+        "cuda_empty_cache",
+    }
+)
+
+
+def app_folders(job_dir: str | Path) -> list[Path]:
+    """The app folders of an exported job (``app/`` or per-site ``app_server/``, ``app_site-1/``...)."""
+    apps = sorted(p for p in Path(job_dir).iterdir() if (p / CONFIG_FOLDER).is_dir())
+    if not apps:
+        raise FileNotFoundError(
+            f"{job_dir} is not an NVFlare job folder: no app folder with a config/ folder"
+        )
+    return apps
+
+
+def bundle_package(job_dir: str | Path) -> None:
+    """Put the whole fedweigh package into every app's ``custom/`` folder.
+
+    NVFlare's exporter copies only the modules it finds by static import tracing (no package
+    ``__init__`` files, none of the modules imported inside functions or by name), which is not a
+    package a site without fedweigh can import; the complete package replaces it.
+    """
+    import fedweigh
+
+    package = Path(fedweigh.__file__).resolve().parent
+    for app in app_folders(job_dir):
+        target = app / CUSTOM_FOLDER / package.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(package, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def make_site_installed(job_dir: str | Path) -> None:
+    """Turn an exported job into one without code, for sites that installed and allow-listed fedweigh.
+
+    Every client executor running the fedweigh client script becomes
+    :class:`~fedweigh.flare.site_executor.InstalledClientExecutor` with the same arguments, and the
+    apps' ``custom/`` folders are removed (a job with ``custom/`` is bring-your-own-code for NVFlare).
+    """
+    from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME
+
+    for app in app_folders(job_dir):
+        config_path = app / CONFIG_FOLDER / CLIENT_CONFIG
+        if config_path.is_file():
+            config = json.loads(config_path.read_text())
+            for entry in config.get("executors", []):
+                executor = entry.get("executor", {})
+                args = executor.get("args", {})
+                if executor.get("path") != CLIENT_API_EXECUTOR:
+                    continue
+                if Path(str(args.get("task_script_path", ""))).name != CLIENT_SCRIPT_NAME:
+                    continue
+                if args.get("execution_mode", "in_process") != "in_process":
+                    raise ValueError(
+                        f"{config_path}: the fedweigh client executor runs in mode "
+                        f"{args.get('execution_mode')!r}; only 'in_process' can run from the installed package"
+                    )
+                unknown = sorted(
+                    set(args) - _INSTALLED_EXECUTOR_ARGS - {"execution_mode", "task_script_path"}
+                )
+                if unknown:
+                    raise ValueError(
+                        f"{config_path}: executor argument(s) {unknown} have no counterpart in "
+                        f"{INSTALLED_EXECUTOR}"
+                    )
+                executor["path"] = INSTALLED_EXECUTOR
+                executor["args"] = {k: v for k, v in args.items() if k in _INSTALLED_EXECUTOR_ARGS}
+            config_path.write_text(json.dumps(config, indent=4))
+        if (app / CUSTOM_FOLDER).exists():
+            shutil.rmtree(app / CUSTOM_FOLDER)
+
+
+def export_recipe(recipe, out_dir: str | Path, *, bundle: bool = False, site_installed: bool = False) -> Path:
+    """Export ``recipe`` to ``out_dir/<recipe name>`` (replaced whole) with the chosen code deployment.
+
+    ``bundle`` ships the whole package in the job (the recipe should have been built with
+    ``bundle=True``); ``site_installed`` ships no code. Returns the job folder.
+    """
+    if bundle and site_installed:
+        raise ValueError("choose one code deployment: bundle=True or site_installed=True, not both")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe.export(tmp)
+        exported = Path(tmp) / recipe.name
+        if bundle:
+            bundle_package(exported)
+        if site_installed:
+            make_site_installed(exported)
+        target = out_dir / recipe.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(exported, target)
+    return target
+
+
+def export_jobs(
+    out_dir: str | Path = "jobs",
+    names: list[str] | None = None,
+    bundle: bool = False,
+    site_installed: bool = False,
+) -> list[Path]:
+    """Export the catalogue's jobs into ``out_dir`` (each folder replaced whole).
+
+    ``bundle=True`` writes bring-your-own-code jobs with the whole fedweigh package under each app's
+    ``custom/``; ``site_installed=True`` writes jobs without code for allow-listed sites.
+    """
+    if bundle and site_installed:
+        raise ValueError("choose one code deployment: bundle=True or site_installed=True, not both")
     names = names or sorted(JOB_CATALOGUE)
     unknown = [n for n in names if n not in JOB_CATALOGUE]
     if unknown:
         raise KeyError(f"unknown job(s) {unknown}; known: {sorted(JOB_CATALOGUE)}")
-    written = []
-    for name in names:
-        recipe = JOB_CATALOGUE[name](name)
-        with tempfile.TemporaryDirectory() as tmp:
-            recipe.export(tmp)
-            target = out_dir / name
-            if target.exists():
-                shutil.rmtree(target)
-            shutil.copytree(Path(tmp) / name, target)
-        written.append(target)
-    return written
+    return [
+        export_recipe(
+            JOB_CATALOGUE[name](name, bundle=bundle), out_dir, bundle=bundle, site_installed=site_installed
+        )
+        for name in names
+    ]

@@ -91,8 +91,19 @@ class FedweighRecipe(Recipe):
         statistics: label-statistics exchange: ``"none"``, ``"plain"`` or ``"secure"``.
         train_timeout: seconds to wait for a round's results (0 = wait for every sampled site).
         resume_from: folder with the state of an earlier run to continue.
+        max_share: cap on any one site's share of a round's weight (None: no cap).
+        stop_after: end the run after that round; continue it with ``resume_from``.
         bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
             deployment); by default the job expects fedweigh installed where it runs.
+        he: homomorphically encrypted model updates (CKKS, :mod:`fedweigh.secure_updates`): the
+            server aggregates ciphertexts with the scheme's weights and never sees an update or,
+            after round 1, the global model. Refused (ValueError naming the scheme and the reason)
+            for schemes that need plaintext client models: IDA, FedAWA, FedAdp, FedDRAW with
+            similarity="delta". Keys: HEBuilder contexts in POC/provisioned kits, simulation keys
+            in the simulator.
+        he_layers: with ``he``, encrypt only the floating-point arrays matching these glob patterns
+            or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear
+            (docs/privacy.md states what that reveals). None: encrypt all of them.
     """
 
     def __init__(
@@ -111,6 +122,10 @@ class FedweighRecipe(Recipe):
         resume_from: str | None = None,
         seed: int = 0,
         bundle: bool = False,
+        he: bool = False,
+        he_layers: list[str] | None = None,
+        max_share: float | None = None,
+        stop_after: int | None = None,
     ):
         from fedweigh.data import dataset_info
 
@@ -145,6 +160,10 @@ class FedweighRecipe(Recipe):
             seed=seed,
             resume_from=resume_from,
             persistor_id=persistor_id,
+            he=he,
+            he_layers=he_layers,
+            max_share=max_share,
+            stop_after=stop_after,
         )
         job.to_server(controller, id="controller")
         job.to_clients(ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv()))
@@ -186,7 +205,7 @@ class FedBBRecipe(FedweighRecipe):
         cbr: dict | None = None,
         pnb: dict | None = None,
         client: ClientArgs | None = None,
-        statistics: str = "plain",
+        statistics: str = "secure",
         **kwargs,
     ):
         super().__init__(
@@ -213,7 +232,7 @@ class DAFLRecipe(FedweighRecipe):
         dafl: dict | None = None,
         loss: dict | None = None,
         client: ClientArgs | None = None,
-        statistics: str = "plain",
+        statistics: str = "secure",
         **kwargs,
     ):
         super().__init__(
@@ -237,5 +256,5 @@ class BaselineRecipe(FedweighRecipe):
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         if baseline == "feddisco":
-            kwargs.setdefault("statistics", "plain")
+            kwargs.setdefault("statistics", "secure")
         super().__init__(name=name or baseline, scheme=baseline, scheme_args=scheme_args, **kwargs)

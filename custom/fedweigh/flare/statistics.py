@@ -184,10 +184,19 @@ def answer_statistics_task(trainer, input_model):
     meta = input_model.meta or {}
     exchange = make_exchange(meta.get(META_MODE, "plain"))
     if meta.get(META_STEP) == "collect":
-        vector = statistics_vector(trainer.class_counts, len(trainer.site.train))
+        from fedweigh.privacy import released_histogram
+
+        # with statistics DP on (trainer.args.stats_dp_epsilon), the site's one noised release; N_k c_k is
+        # derived from it (post-processing), so everything sent here is covered by the same budget
+        counts, num_samples = released_histogram(trainer)
+        vector = statistics_vector(counts, num_samples)
         payload = exchange.encode(vector)
+        metrics = {"stats_sent": 1.0}  # the Client API refuses a result without params or metrics
+        release = getattr(trainer, "stats_release", None)
+        if release is not None:
+            metrics.update(stats_dp_epsilon=float(release.epsilon), stats_dp_delta=float(release.delta))
         return FLModel(
-            metrics={"stats_sent": 1.0},  # the Client API refuses a result without params or metrics
+            metrics=metrics,
             meta={
                 "fedweigh_stats_length": int(vector.size),
                 META_NUM_SAMPLES: len(trainer.site.train),

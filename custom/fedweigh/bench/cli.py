@@ -1,0 +1,106 @@
+"""The ``fedweigh bench`` sub-command (heavy modules are imported when it runs, not when parsing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``bench`` sub-command to ``subparsers`` (``set_defaults(func=main_bench)``)."""
+    from fedweigh.bench.methods import ALL_METHODS
+    from fedweigh.bench.profiles import PROFILES
+    from fedweigh.data import DATASETS
+
+    p = subparsers.add_parser(
+        "bench",
+        help="compare weighting methods across the client-partition scenarios (docs/bench.md)",
+        description=(
+            "Run scenario x method x seed cells in one process on the NVFlare jobs' training and "
+            "weighting code, then write results.csv, summary.json, report.md and plots/ into --out. "
+            "A rerun skips the cells already stored in OUT/cells/. Methods may carry scheme options, "
+            "e.g. feddraw:beta_max=2.0,rho=0.5."
+        ),
+    )
+    p.add_argument("--profile", default="smoke", choices=tuple(PROFILES), help="run size (default: smoke)")
+    p.add_argument("--dataset", default="synthcxr", choices=DATASETS)
+    p.add_argument(
+        "--data", "--data-path", dest="data", default=None, help="dataset file/folder (chestmnist, chexpert)"
+    )
+    p.add_argument(
+        "--loader-options",
+        type=json.loads,
+        default=None,
+        help='JSON for the loader, e.g. {"uncertainty": "zeros"}',
+    )
+    p.add_argument(
+        "--methods", nargs="+", default=None, help=f"default: the profile's (known: {', '.join(ALL_METHODS)})"
+    )
+    p.add_argument(
+        "--scenarios", nargs="+", default=None, help="default: the profile's (see `fedweigh scenarios`)"
+    )
+    p.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the profile's")
+    p.add_argument("--rounds", type=int, default=None, help="override the profile's number of rounds")
+    p.add_argument("--num-images", type=int, default=None, help="override the profile's pool size")
+    p.add_argument("--max-steps", type=int, default=None, help="override the profile's local step cap")
+    p.add_argument(
+        "--threshold",
+        choices=("0.5", "youden"),
+        default=None,
+        help="multi-label 0/1 predictions for GM, precision, ...: 0.5 or Youden's J on validation (default: profile's)",
+    )
+    p.add_argument("--jobs", type=int, default=1, help="cells run in parallel (processes)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads per cell (default 1: small models gain little)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
+    p.set_defaults(func=main_bench)
+    return p
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark described by the parsed arguments; 0 on success, 1 if cells failed."""
+    import logging
+
+    from fedweigh.bench.runner import BenchError, make_config, run_bench
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        config = make_config(
+            args.profile,
+            args.dataset,
+            data_path=args.data,
+            methods=args.methods,
+            scenarios=args.scenarios,
+            seeds=args.seeds,
+            rounds=args.rounds,
+            threshold=args.threshold,
+            num_images=args.num_images,
+            max_steps=args.max_steps,
+            threads=args.threads,
+            loader_options=args.loader_options,
+        )
+    except (ValueError, KeyError) as e:
+        print(f"error: {e}")
+        return 2
+    cells = len(config.cells())
+    print(
+        f"fedweigh bench: {config.dataset}, profile {config.profile}: {len(config.scenarios)} scenario(s) x "
+        f"{len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {cells} cell(s), {config.rounds} rounds"
+    )
+    try:
+        result = run_bench(config, args.out, jobs=args.jobs, progress=not args.no_progress)
+    except BenchError as e:
+        print(f"error: {e}")
+        return 1
+    s = result.summary
+    print(f"trained {result.trained} cell(s), reused {result.skipped}; {s['wall_seconds']:.0f} s")
+    ranks = sorted(s["avg_rank_auc"].items(), key=lambda kv: kv[1])
+    if ranks:
+        print("average rank (AUC): " + ", ".join(f"{m} {r:.2f}" for m, r in ranks))
+    for metric in ("auc", "gm"):
+        p = s[f"friedman_p_{metric}"]
+        print(f"Friedman p ({metric.upper()}): {'-' if p is None else f'{p:.4g}'}")
+    print(f"report: {result.out_dir / 'report.md'}")
+    return 0

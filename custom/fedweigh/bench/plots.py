@@ -1,0 +1,156 @@
+"""The benchmark's figures (PNG, matplotlib Agg): critical-difference diagrams, AUC by round, client
+weights, ROC curves, decision curves and multi-class confusion matrices."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedweigh.bench.stats import Comparison
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_cd_diagram(comparison: Comparison, path: str | Path, title: str) -> Path:
+    """Critical-difference diagram (scikit-posthocs): methods on the average-rank axis, bars joining
+    methods whose Nemenyi p-value is >= 0.05, and the CD interval."""
+    import scikit_posthocs as sp
+
+    if comparison.pvalues is None:
+        raise ValueError(f"{title}: no Nemenyi p-values ({comparison.note})")
+    plt = _pyplot()
+    k = len(comparison.ranks)
+    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.25 * k))
+    sp.critical_difference_diagram(comparison.ranks, comparison.pvalues, cd=comparison.cd, ax=ax)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_metric_curves(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    dashed: Sequence[str] = (),
+    integer_x: bool = False,
+) -> Path:
+    """One line per method, ``curves[method] = (x, y)``; methods in ``dashed`` (references) dashed."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, (x, y) in curves.items():
+        ax.plot(
+            x, y, linestyle="--" if name in dashed else "-", marker="o" if len(x) <= 12 else None, label=name
+        )
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if integer_x:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    return _save(fig, path)
+
+
+def plot_auc_by_round(
+    results: pd.DataFrame, scenario: str, path: str | Path, references: Sequence[str]
+) -> Path:
+    """Test AUC of the global model by round for every method of ``scenario`` (mean over seeds)."""
+    sub = results[results["scenario"] == scenario]
+    mean = sub.groupby(["method", "round"], sort=False)["auc"].mean()
+    curves = {}
+    for method in dict.fromkeys(sub["method"]):
+        series = mean.loc[method].dropna()  # the local reference is scored at rounds 0 and T only
+        curves[method] = (list(series.index), list(series.values))
+    return plot_metric_curves(
+        curves, path, "round", "test macro AUC", f"{scenario}: AUC by round", references, integer_x=True
+    )
+
+
+def plot_roc(
+    curves: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: str | Path,
+    title: str,
+    auc: Mapping[str, float],
+) -> Path:
+    """Macro ROC curves of the final models, one per method, with the chance diagonal."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for name, (fpr, tpr) in curves.items():
+        ax.plot(fpr, tpr, label=f"{name} (AUC {auc.get(name, float('nan')):.3f})")
+    ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate (macro)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)
+
+
+def plot_decision_curves(
+    thresholds: np.ndarray,
+    curves: Mapping[str, np.ndarray],
+    treat_all: np.ndarray,
+    path: str | Path,
+    title: str,
+) -> Path:
+    """Net benefit against threshold probability per method, with treat-all and treat-none."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, nb in curves.items():
+        ax.plot(thresholds, nb, label=name)
+    ax.plot(thresholds, treat_all, color="black", linestyle="--", linewidth=1, label="treat all")
+    ax.axhline(0.0, color="grey", linestyle=":", linewidth=1, label="treat none")
+    finite = np.concatenate([np.asarray(v)[np.isfinite(v)] for v in curves.values()] + [np.zeros(1)])
+    ax.set_ylim(min(-0.05, float(np.nanmin(finite)) - 0.01), max(0.05, float(np.nanmax(finite)) * 1.1 + 0.01))
+    ax.set_xlabel("threshold probability")
+    ax.set_ylabel("net benefit (macro)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    return _save(fig, path)
+
+
+def plot_confusion_matrices(
+    matrices: Mapping[str, np.ndarray], class_names: Sequence[str], path: str | Path, title: str
+) -> Path:
+    """Row-normalised confusion matrices (true class x predicted class), one panel per method."""
+    plt = _pyplot()
+    names = list(matrices)
+    cols = min(4, len(names))
+    rows = int(np.ceil(len(names) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.ravel()[len(names) :]:
+        ax.axis("off")
+    for ax, name in zip(axes.ravel(), names, strict=False):
+        m = np.asarray(matrices[name], dtype=np.float64)
+        norm = m / np.maximum(m.sum(axis=1, keepdims=True), 1.0)
+        ax.imshow(norm, vmin=0.0, vmax=1.0, cmap="Blues")
+        ax.set_title(name, fontsize=9)
+        ticks = np.arange(len(class_names))
+        ax.set_xticks(ticks, class_names, fontsize=6)
+        ax.set_yticks(ticks, class_names, fontsize=6)
+        ax.set_xlabel("predicted", fontsize=7)
+        ax.set_ylabel("true", fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)

@@ -1,0 +1,402 @@
+"""The benchmark's outputs: ``results.csv``, ``summary.json``, ``report.md`` and ``plots/``.
+
+Scores compared across methods are the test metrics of the final global model (round T), averaged
+over seeds. Average ranks and the Friedman / Nemenyi tests cover the federated methods only; the
+references (``centralized``, ``local``) appear in the means and tables as points of comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedweigh.bench.methods import REFERENCE_METHODS, parse_method
+from fedweigh.bench.stats import Comparison, compare
+
+RESULTS_CSV = "results.csv"
+SUMMARY_JSON = "summary.json"
+REPORT_MD = "report.md"
+PLOTS_DIR = "plots"
+
+#: results.csv columns: one row per (scenario, method, seed, round); test metrics unprefixed.
+RESULT_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "scenario",
+    "method",
+    "seed",
+    "round",
+    "auc",
+    "gm",
+    "loss",
+    "precision",
+    "recall",
+    "f1",
+    "specificity",
+    "accuracy",
+    "balanced_accuracy",
+    "val_auc",
+    "val_gm",
+    "train_loss",
+    "weights",
+    "scheme_values",
+    "round_seconds",
+)
+
+#: summary.json keys, exactly.
+SUMMARY_KEYS: tuple[str, ...] = (
+    "dataset",
+    "profile",
+    "methods",
+    "scenarios",
+    "seeds",
+    "mean_auc",
+    "mean_gm",
+    "avg_rank_auc",
+    "avg_rank_gm",
+    "friedman_p_auc",
+    "friedman_p_gm",
+    "nemenyi_cd_auc",
+    "nemenyi_cd_gm",
+    "wall_seconds",
+)
+
+_TEST_METRICS = (
+    "auc",
+    "gm",
+    "loss",
+    "precision",
+    "recall",
+    "f1",
+    "specificity",
+    "accuracy",
+    "balanced_accuracy",
+)
+_OTHER_KEYS = ("val_auc", "val_gm", "train_loss", "round_seconds")
+
+
+def _is_scheme_value(key: str) -> bool:
+    return key not in ("round", "weights", "round_seconds") and not key.startswith(
+        ("val_", "test_", "train_")
+    )
+
+
+def results_frame(records: Sequence[dict]) -> pd.DataFrame:
+    """One row per (scenario, method, seed, round) with the columns of :data:`RESULT_COLUMNS`."""
+    out = []
+    for rec in records:
+        for row in rec["rows"]:
+            item = {
+                "dataset": rec["dataset"],
+                "scenario": rec["scenario"],
+                "method": rec["method"],
+                "seed": int(rec["seed"]),
+                "round": int(row["round"]),
+            }
+            item.update({m: row.get(f"test_{m}", np.nan) for m in _TEST_METRICS})
+            item.update({k: row.get(k, np.nan) for k in _OTHER_KEYS})
+            item["weights"] = json.dumps(row.get("weights", {}), sort_keys=True)
+            item["scheme_values"] = json.dumps(
+                {k: v for k, v in row.items() if _is_scheme_value(k)}, sort_keys=True
+            )
+            out.append(item)
+    return pd.DataFrame(out, columns=list(RESULT_COLUMNS))
+
+
+def final_table(
+    results: pd.DataFrame, metric: str, methods: Sequence[str], scenarios: Sequence[str]
+) -> pd.DataFrame:
+    """Scenarios x methods: the final round's ``metric`` averaged over seeds."""
+    last = results["round"] == results.groupby(["scenario", "method", "seed"])["round"].transform("max")
+    table = results[last].groupby(["scenario", "method"])[metric].mean().unstack("method")
+    return table.reindex(index=list(scenarios), columns=list(methods)).astype(np.float64)
+
+
+def _json_number(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def _mean_by_method(table: pd.DataFrame) -> dict[str, float | None]:
+    return {m: _json_number(table[m].mean()) for m in table.columns}
+
+
+def compare_methods(config, results: pd.DataFrame) -> dict[str, Comparison]:
+    """Ranks and tests of the federated methods on the final test AUC and GM."""
+    ranked = [m for m in config.methods if parse_method(m).kind == "federated"]
+    return {m: compare(final_table(results, m, ranked, list(config.scenarios))) for m in ("auc", "gm")}
+
+
+def build_summary(
+    config, results: pd.DataFrame, comparisons: dict[str, Comparison], wall_seconds: float
+) -> dict:
+    """summary.json's content: exactly :data:`SUMMARY_KEYS`."""
+    methods, scenarios = list(config.methods), list(config.scenarios)
+    summary = {
+        "dataset": config.dataset,
+        "profile": config.profile,
+        "methods": methods,
+        "scenarios": scenarios,
+        "seeds": [int(s) for s in config.seeds],
+        "mean_auc": _mean_by_method(final_table(results, "auc", methods, scenarios)),
+        "mean_gm": _mean_by_method(final_table(results, "gm", methods, scenarios)),
+        "avg_rank_auc": {m: float(r) for m, r in comparisons["auc"].ranks.items()},
+        "avg_rank_gm": {m: float(r) for m, r in comparisons["gm"].ranks.items()},
+        "friedman_p_auc": comparisons["auc"].p,
+        "friedman_p_gm": comparisons["gm"].p,
+        "nemenyi_cd_auc": comparisons["auc"].cd,
+        "nemenyi_cd_gm": comparisons["gm"].cd,
+        "wall_seconds": float(wall_seconds),
+    }
+    assert tuple(summary) == SUMMARY_KEYS
+    return summary
+
+
+# -------------------------------------------------------------------------------------------- plots
+def write_plots(
+    config, records: Sequence[dict], results: pd.DataFrame, comparisons: dict, out: Path
+) -> list[Path]:
+    """Every figure under ``out/plots``; returns the written paths."""
+    from fedweigh.bench import curves
+    from fedweigh.bench import plots as bp
+    from fedweigh.bench.runner import CELLS_DIR, load_cell_scores
+    from fedweigh.plots import plot_client_weights
+
+    plots = out / PLOTS_DIR
+    written: list[Path] = []
+    for metric, comp in comparisons.items():
+        if comp.pvalues is not None:
+            title = f"{config.dataset}: critical difference, test {metric.upper()} (Nemenyi, alpha 0.05)"
+            written.append(bp.plot_cd_diagram(comp, plots / f"cd_{metric}.png", title))
+    references = [m for m in config.methods if parse_method(m).kind != "federated"]
+    by_cell = {(r["scenario"], r["method"], int(r["seed"])): r for r in records}
+    thresholds = np.round(np.arange(0.01, 1.0, 0.01), 2)
+    final_auc = final_table(results, "auc", config.methods, config.scenarios)
+    first_seed = config.seeds[0]
+    for scenario in config.scenarios:
+        written.append(
+            bp.plot_auc_by_round(results, scenario, plots / "auc_by_round" / f"{scenario}.png", references)
+        )
+        for method in config.methods:
+            rec = by_cell[(scenario, method, first_seed)]
+            weighted = [r for r in rec["rows"] if r.get("weights")]
+            if parse_method(method).kind == "federated" and weighted:
+                safe = method.replace(":", "_").replace(",", "_").replace("/", "_")
+                written.append(
+                    plot_client_weights(
+                        [r["round"] for r in weighted],
+                        [r["weights"] for r in weighted],
+                        plots / "weights" / scenario / f"{safe}.png",
+                        title=f"{scenario} / {method} (seed {first_seed}): client weights",
+                    )
+                )
+        roc, dca, conf, treat_all, task, class_names = {}, {}, {}, None, None, None
+        for method in config.methods:
+            tprs, nbs, mats = [], [], []
+            for seed in config.seeds:
+                rec = by_cell[(scenario, method, int(seed))]
+                task, class_names = rec["task"], rec["class_names"]
+                loaded = load_cell_scores(out / CELLS_DIR, rec["key"])
+                if loaded is None:
+                    continue
+                scores, labels = loaded
+                for s in scores:  # one model (federated, centralized) or one per site (local)
+                    grid, tpr = curves.macro_roc(labels, s)
+                    tprs.append(tpr)
+                    nb = curves.net_benefit(labels, s, thresholds)
+                    nbs.append(nb["model"])
+                    treat_all = nb["treat_all"]
+                    if task == "multiclass":
+                        mats.append(curves.confusion(labels, s))
+            if tprs:
+                roc[method] = (grid, np.mean(tprs, axis=0))
+                dca[method] = np.mean(nbs, axis=0)
+            if mats:
+                conf[method] = np.sum(mats, axis=0)
+        if roc:
+            auc = {m: float(final_auc.loc[scenario, m]) for m in roc}
+            written.append(
+                bp.plot_roc(
+                    roc, plots / "roc" / f"{scenario}.png", f"{scenario}: macro ROC, final models", auc
+                )
+            )
+            written.append(
+                bp.plot_decision_curves(
+                    thresholds,
+                    dca,
+                    treat_all,
+                    plots / "dca" / f"{scenario}.png",
+                    f"{scenario}: decision curves",
+                )
+            )
+        if conf:
+            written.append(
+                bp.plot_confusion_matrices(
+                    conf,
+                    class_names or [],
+                    plots / "confusion" / f"{scenario}.png",
+                    f"{scenario}: confusion (row-normalised)",
+                )
+            )
+    return written
+
+
+# ------------------------------------------------------------------------------------------ report
+def _fmt(x, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return f"{x:.{digits}f}" if math.isfinite(x) else "-"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured Markdown table (numbers formatted to 4 decimals)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(v if isinstance(v, str) else _fmt(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _scenario_table(table: pd.DataFrame) -> str:
+    rows = [[sc, *table.loc[sc].tolist()] for sc in table.index]
+    means = table.mean(axis=0)
+    rows.append(["**mean**", *means.tolist()])
+    return markdown_table(["scenario", *table.columns], rows)
+
+
+def write_report(
+    config,
+    records: Sequence[dict],
+    results: pd.DataFrame,
+    summary: dict,
+    comparisons: dict,
+    plots: list[Path],
+    out: Path,
+) -> Path:
+    """report.md: settings, the headline, per-method and per-scenario tables, tests, and the figures."""
+    methods, scenarios = list(config.methods), list(config.scenarios)
+    task = records[0]["task"] if records else "multilabel"
+    c = config.client
+    cell_seconds = [float(r.get("seconds", 0.0)) for r in records]
+    lines = [
+        f"# fedweigh bench: {config.dataset}, profile {config.profile}",
+        "",
+        f"- scenarios ({len(scenarios)}): {', '.join(scenarios)}",
+        f"- methods ({len(methods)}): {', '.join(methods)}",
+        f"- seeds: {', '.join(str(s) for s in config.seeds)}; rounds: {config.rounds}"
+        + (f"; sites: {', '.join(config.sites)}" if config.sites else ""),
+        f"- local training (every method): {c.arch} ({c.norm} norm), {c.size} px, "
+        f"{'all' if c.num_images is None else c.num_images} images, {c.epochs} epoch(s) of batch "
+        f"{c.batch_size}, at most {c.max_steps if c.max_steps is not None else 'unlimited'} steps, "
+        f"{c.optimizer} lr {c.lr}; losses: BCE/CE, except FedBB (PNB) and DAFL (DAFL loss)",
+        "- thresholded test metrics (GM, precision, recall, F1, specificity): "
+        + (
+            "per-finding Youden's J on the sites' validation splits"
+            if config.threshold == "youden" and task == "multilabel"
+            else "arg-max"
+            if task == "multiclass"
+            else "sigmoid >= 0.5"
+        ),
+        f"- wall time: {summary['wall_seconds']:.0f} s this invocation; cells: {len(records)}, "
+        f"{sum(cell_seconds):.0f} s of cell compute, {np.mean(cell_seconds) if cell_seconds else 0:.1f} s per cell",
+        "",
+        "Scores are test metrics of the final global model (round T), averaged over seeds; `local` is the "
+        "mean over sites of each site's own model. Ranks and tests cover the federated methods.",
+        "",
+        "## Headline",
+        "",
+    ]
+    ranked = [m for m in methods if m in summary["avg_rank_auc"]]
+    if ranked:
+        best = min(ranked, key=lambda m: summary["avg_rank_auc"][m])
+        lines.append(f"- best average AUC rank: **{best}** ({summary['avg_rank_auc'][best]:.2f})")
+    for metric in ("auc", "gm"):
+        comp: Comparison = comparisons[metric]
+        p, cd = summary[f"friedman_p_{metric}"], summary[f"nemenyi_cd_{metric}"]
+        if p is None:
+            lines.append(f"- {metric.upper()}: {comp.note}")
+        else:
+            verdict = "significant" if p < 0.05 else "not significant"
+            lines.append(
+                f"- {metric.upper()}: Friedman p = {p:.4g} ({verdict} at 0.05), Nemenyi CD = {_fmt(cd, 3)}"
+            )
+    fed_means = {m: summary["mean_auc"][m] for m in ranked if summary["mean_auc"].get(m) is not None}
+    central = summary["mean_auc"].get("centralized")
+    if fed_means and central is not None:
+        best_fed = max(fed_means, key=fed_means.get)
+        lines.append(
+            f"- best federated mean AUC: {best_fed} {fed_means[best_fed]:.4f}; centralized {central:.4f} "
+            f"(gap {central - fed_means[best_fed]:+.4f})"
+        )
+    lines += ["", "## Per method (mean over scenarios and seeds, final round)", ""]
+    metrics = ["auc", "gm", "precision", "recall", "f1", "specificity"]
+    if task == "multiclass":
+        metrics += ["accuracy", "balanced_accuracy"]
+    per_method = {m: final_table(results, m, methods, scenarios).mean(axis=0) for m in metrics}
+    header = ["method", *metrics, "rank AUC", "rank GM"]
+    rows = []
+    for m in methods:
+        rows.append(
+            [
+                m,
+                *[per_method[k][m] for k in metrics],
+                summary["avg_rank_auc"].get(m, "-"),
+                summary["avg_rank_gm"].get(m, "-"),
+            ]
+        )
+    lines += [markdown_table(header, rows), ""]
+    for metric in ("auc", "gm"):
+        lines += [
+            f"## Test {metric.upper()} per scenario",
+            "",
+            _scenario_table(final_table(results, metric, methods, scenarios)),
+            "",
+        ]
+    for metric in ("auc", "gm"):
+        comp = comparisons[metric]
+        if comp.pvalues is None:
+            continue
+        lines += [f"## Nemenyi p-values, {metric.upper()}", ""]
+        names = list(comp.pvalues.columns)
+        lines += [markdown_table(["", *names], [[n, *comp.pvalues.loc[n].tolist()] for n in names]), ""]
+    if plots:
+        lines += ["## Figures", ""]
+        for path in plots:
+            rel = path.relative_to(out).as_posix()
+            if rel.startswith(f"{PLOTS_DIR}/cd_") or rel.startswith(f"{PLOTS_DIR}/auc_by_round/"):
+                lines.append(f"![{rel}]({rel})")
+            else:
+                lines.append(f"- [{rel}]({rel})")
+        lines.append("")
+    notes = [comparisons[m].note for m in ("auc", "gm") if comparisons[m].note]
+    refs = [m for m in methods if m in REFERENCE_METHODS]
+    if refs:
+        notes.append(f"references {', '.join(refs)} are not ranked")
+    if notes:
+        lines += ["## Notes", "", *[f"- {n}" for n in dict.fromkeys(notes)], ""]
+    path = out / REPORT_MD
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_outputs(config, records: Sequence[dict], out: str | Path, start: float) -> dict:
+    """Write results.csv, plots, summary.json and report.md into ``out``; returns the summary.
+
+    ``start`` is the ``time.perf_counter()`` value at the start of the run (for ``wall_seconds``).
+    """
+    out = Path(out)
+    results = results_frame(records)
+    results.to_csv(out / RESULTS_CSV, index=False)
+    comparisons = compare_methods(config, results)
+    plots = write_plots(config, records, results, comparisons, out)
+    summary = build_summary(config, results, comparisons, time.perf_counter() - start)
+    (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=1))
+    write_report(config, records, results, summary, comparisons, plots, out)
+    return summary

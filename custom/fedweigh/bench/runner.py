@@ -1,0 +1,629 @@
+"""The benchmark runner: scenario x method x seed cells, each a whole federated run in one process.
+
+A federated cell does what ``nvflare simulator`` does with the method's recipe, on the same code:
+the sites are :class:`fedweigh.site.SiteTrainer` objects (the NVFlare client script drives the same
+class), and the server's side of each round is :mod:`fedweigh.rounds` (the
+:class:`~fedweigh.flare.controller.FedweighController` calls the same functions in the same order).
+Per round t = 1..T: sample sites, send theta_g^{t-1} with the scheme's plan (a site evaluates it,
+trains on it and reports), check every result as the controller does, record the mean of the sites'
+metrics on theta_g^{t-1} as row t - 1, then weight and aggregate into theta_g^t. After round T
+every site evaluates theta_g^T (row T), as the controller's final ``validate`` task.
+
+One difference that changes no number: the global test set is scored once per round on theta_g^{t-1}
+instead of once by every sampled site (each site would score the same model on the same images).
+
+Cells are stored as files in ``OUT/cells/`` (``KEY.json`` written last, atomically, marks a finished
+cell; ``KEY.npz`` holds the final test predictions), so a rerun skips finished cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from fedweigh.bench.methods import MethodSpec, parse_method
+from fedweigh.bench.profiles import get_profile
+from fedweigh.data.base import Federation, LabeledImages, SiteData
+from fedweigh.site import ClientArgs
+
+logger = logging.getLogger("fedweigh.bench")
+
+CELLS_DIR = "cells"
+CONFIG_JSON = "config.json"
+
+#: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
+_NOT_HASHED = ("threads", "eval_test")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a benchmark's cells.
+
+    client: the local-training settings shared by every cell (scenario and seed are set per cell).
+    sites: restrict every scenario to these site names (e.g. the two sites a simulator run has).
+    min_clients: fewest valid results for a round to update the global model (as the controller's).
+    threshold: ``"0.5"`` or ``"youden"``, for the thresholded test metrics (see :class:`Profile`).
+    """
+
+    dataset: str
+    profile: str
+    client: ClientArgs
+    rounds: int
+    methods: tuple[str, ...]
+    scenarios: tuple[str, ...]
+    seeds: tuple[int, ...]
+    sites: tuple[str, ...] | None = None
+    min_clients: int = 1
+    threshold: str = "0.5"
+
+    def cells(self) -> list[tuple[str, str, int]]:
+        """(scenario, method, seed) of every cell, grouped so that each federation is built once."""
+        return [(sc, m, s) for s in self.seeds for sc in self.scenarios for m in self.methods]
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["client"] = asdict(self.client)
+        return out
+
+
+def make_config(
+    profile: str = "smoke",
+    dataset: str = "synthcxr",
+    *,
+    data_path: str | None = None,
+    methods: Sequence[str] | None = None,
+    scenarios: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    sites: Sequence[str] | None = None,
+    rounds: int | None = None,
+    min_clients: int = 1,
+    threshold: str | None = None,
+    **client_overrides: object,
+) -> BenchConfig:
+    """A :class:`BenchConfig` from a profile; every argument left None keeps the profile's value.
+
+    ``client_overrides`` are :class:`ClientArgs` fields (``num_images``, ``max_steps``, ``size``, ...).
+    Raises ValueError naming the bad dataset, scenario, method, seed or round count.
+    """
+    from fedweigh.bench.profiles import THRESHOLDS
+    from fedweigh.data import DATASETS
+    from fedweigh.data.scenarios import get_scenario
+
+    prof = get_profile(profile)
+    threshold = prof.threshold if threshold is None else str(threshold)
+    if threshold not in THRESHOLDS:
+        raise ValueError(f"threshold must be one of {THRESHOLDS}, got {threshold!r}")
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
+    client = prof.client_args(dataset, data_path=data_path, **client_overrides)
+    methods = tuple(methods or prof.default_methods())
+    scenarios = tuple(scenarios or prof.default_scenarios())
+    seeds = tuple(int(s) for s in (seeds if seeds is not None else prof.seeds))
+    rounds = prof.rounds if rounds is None else int(rounds)
+    for label in methods:
+        parse_method(label)
+    for name in scenarios:
+        get_scenario(name)
+    for dup, what in ((methods, "method"), (scenarios, "scenario"), (seeds, "seed")):
+        if len(set(dup)) != len(dup):
+            raise ValueError(f"a {what} is listed twice: {list(dup)}")
+    if not methods or not scenarios or not seeds:
+        raise ValueError("a benchmark needs at least one method, one scenario and one seed")
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"seeds must be non-negative, got {list(seeds)}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if min_clients < 1:
+        raise ValueError(f"min_clients must be >= 1, got {min_clients}")
+    return BenchConfig(
+        dataset=dataset,
+        profile=profile,
+        client=client,
+        rounds=rounds,
+        methods=methods,
+        scenarios=scenarios,
+        seeds=seeds,
+        sites=tuple(sites) if sites else None,
+        min_clients=min_clients,
+        threshold=threshold,
+    )
+
+
+# ------------------------------------------------------------------------------------------- cells
+def cell_key(scenario: str, method: str, seed: int) -> str:
+    """File-name stem of a cell: ``SCENARIO__METHOD__sSEED`` (characters outside [A-Za-z0-9._=-] -> _)."""
+    safe = re.sub(r"[^A-Za-z0-9._=-]", "_", method)
+    return f"{scenario}__{safe}__s{seed}"
+
+
+def cell_args(config: BenchConfig, scenario: str, seed: int, spec: MethodSpec) -> ClientArgs:
+    """The ClientArgs of one cell: the shared settings plus scenario, seed and the method's loss."""
+    args = replace(config.client, dataset=config.dataset, scenario=scenario, seed=seed, eval_test=False)
+    if spec.loss != "default" and args.loss == "default":  # the recipes' _client_with_loss rule
+        args = replace(args, loss=spec.loss, loss_options=dict(spec.loss_options or args.loss_options))
+    return args
+
+
+def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) -> str:
+    """A digest of everything that determines a cell's numbers (a stored cell is reused only if equal)."""
+    spec = parse_method(method)
+    args = {k: v for k, v in asdict(cell_args(config, scenario, seed, spec)).items() if k not in _NOT_HASHED}
+    payload = {
+        "client": args,
+        "rounds": config.rounds,
+        "sites": list(config.sites) if config.sites else None,
+        "min_clients": config.min_clients,
+        "threshold": config.threshold,
+        "method": spec.as_dict(),
+    }
+    return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_cell(cells_dir: Path, key: str) -> dict | None:
+    """The stored record of cell ``key``, or None if it is missing or unreadable."""
+    path = cells_dir / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def load_cell_scores(cells_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scores (S, N, C), labels) of a stored cell's final global model(s) on the test set."""
+    path = cells_dir / f"{key}.npz"
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        return z["scores"], z["labels"]
+
+
+def is_done(cells_dir: Path, config: BenchConfig, scenario: str, method: str, seed: int) -> bool:
+    """Whether the cell is stored with the same settings (and its predictions file exists)."""
+    key = cell_key(scenario, method, seed)
+    record = load_cell(cells_dir, key)
+    if record is None or not (cells_dir / f"{key}.npz").is_file():
+        return False
+    if record.get("settings_hash") != settings_hash(config, scenario, method, seed):
+        logger.warning("%s: stored with other settings; running it again", key)
+        return False
+    return True
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _save_npz(path: Path, **arrays: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+# -------------------------------------------------------------------------------------- federations
+_FEDERATIONS: OrderedDict[tuple, Federation] = OrderedDict()
+_FEDERATION_CACHE_SIZE = 2
+
+
+def federation_for(config: BenchConfig, scenario: str, seed: int) -> Federation:
+    """The scenario's federation (restricted to ``config.sites``), built once per process and key."""
+    from fedweigh.data import build_federation
+    from fedweigh.flare.site_data import expand_data_path
+
+    c = config.client
+    key = (
+        config.dataset,
+        c.data_path,
+        json.dumps(c.loader_options, sort_keys=True),
+        scenario,
+        c.size,
+        seed,
+        c.num_images,
+        config.sites,
+    )
+    if key in _FEDERATIONS:
+        _FEDERATIONS.move_to_end(key)
+        return _FEDERATIONS[key]
+    fed = build_federation(
+        scenario,
+        config.dataset,
+        data_path=expand_data_path(c.data_path),
+        size=c.size,
+        seed=seed,
+        num_images=c.num_images,
+        loader_options=c.loader_options,
+    )
+    if config.sites:
+        names = [s.name for s in fed.sites]
+        unknown = [s for s in config.sites if s not in names]
+        if unknown:
+            raise ValueError(f"sites {unknown} are not in scenario {scenario!r} (sites: {', '.join(names)})")
+        fed = replace(fed, sites=[s for s in fed.sites if s.name in config.sites])
+    _FEDERATIONS[key] = fed
+    while len(_FEDERATIONS) > _FEDERATION_CACHE_SIZE:
+        _FEDERATIONS.popitem(last=False)
+    return fed
+
+
+def pool_sites(sites: Sequence[SiteData]) -> SiteData:
+    """All sites' train and val splits concatenated (the centralized reference's data)."""
+
+    def cat(parts: list[LabeledImages]) -> LabeledImages:
+        first = parts[0]
+        domains = [p.domain for p in parts]
+        return LabeledImages(
+            images=np.concatenate([p.images for p in parts]),
+            labels=np.concatenate([p.labels for p in parts]),
+            class_names=first.class_names,
+            task=first.task,
+            domain=None if any(d is None for d in domains) else np.concatenate(domains),
+            meta={**first.meta, "site": "pooled"},
+        )
+
+    return SiteData(name="pooled", train=cat([s.train for s in sites]), val=cat([s.val for s in sites]))
+
+
+# ----------------------------------------------------------------------------------------- one cell
+class _TestScorer:
+    """Scores parameter sets on the global test set with one model of the cells' architecture.
+
+    threshold "youden": multi-label predictions use per-finding thresholds maximising Youden's J on
+    ``val`` (the union of the sites' validation splits) for the model being scored.
+    """
+
+    def __init__(self, args: ClientArgs, test: LabeledImages, val: LabeledImages, threshold: str):
+        from fedweigh.models import build_model
+
+        self.test = test
+        self.val = val
+        self.threshold = threshold
+        self.model = build_model(
+            args.arch,
+            num_classes=test.num_classes,
+            in_channels=int(test.images.shape[1]),
+            img_size=int(test.images.shape[-1]),
+            norm=args.norm,
+            seed=args.seed,
+        )
+
+    def initial_params(self) -> dict[str, np.ndarray]:
+        """theta_g^0: the model built from the seed, as the NVFlare persistor builds FedweighNet(seed=...)."""
+        from fedweigh.train import get_params
+
+        return get_params(self.model)
+
+    def _thresholds(self) -> float | np.ndarray:
+        if self.threshold != "youden" or self.test.task != "multilabel":
+            return 0.5
+        from fedweigh.metrics import youden_thresholds
+        from fedweigh.train import predict
+
+        return youden_thresholds(self.val.labels, predict(self.model, self.val))
+
+    def metrics(self, params: dict[str, np.ndarray]) -> dict[str, float]:
+        """``test_*`` metrics of ``params`` (the keys a site's evaluate() reports)."""
+        from fedweigh.train import evaluate, set_params
+
+        set_params(self.model, params)
+        return {
+            f"test_{k}": v for k, v in evaluate(self.model, self.test, threshold=self._thresholds()).items()
+        }
+
+    def scores(self, params: dict[str, np.ndarray]) -> np.ndarray:
+        from fedweigh.train import predict, set_params
+
+        set_params(self.model, params)
+        return predict(self.model, self.test)
+
+
+class _Rows:
+    """Rows keyed by round, in the controller's format (``round``, metrics, ``weights``, values)."""
+
+    def __init__(self) -> None:
+        self.by_round: dict[int, dict] = {}
+
+    def row(self, t: int) -> dict:
+        return self.by_round.setdefault(t, {"round": t})
+
+    def as_list(self) -> list[dict]:
+        return [self.by_round[t] for t in sorted(self.by_round)]
+
+
+def _run_federated(
+    spec: MethodSpec, fed: Federation, args: ClientArgs, rounds: int, min_clients: int, threshold: str
+) -> tuple[list[dict], np.ndarray]:
+    from fedweigh.flare.constants import META_NUM_SAMPLES, META_SCALARS
+    from fedweigh.flare.statistics import decode_sum, statistics_vector
+    from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
+    from fedweigh.privacy import released_histogram
+    from fedweigh.rounds import client_plan, mean_metrics, sample_sites, weigh_and_aggregate
+    from fedweigh.site import SiteTrainer
+    from fedweigh.train import set_params
+    from fedweigh.weighting import ClientReport, get_scheme
+
+    assert spec.scheme is not None
+    scheme = get_scheme(spec.scheme, **spec.scheme_args)
+    trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
+    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, threshold)
+    global_params = scorer.initial_params()
+    all_sites = sorted(trainers)
+    if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
+        # each site contributes what it may release (noised when statistics DP is on), as its client does
+        total = sum(statistics_vector(*released_histogram(t)) for t in trainers.values())
+        stats = decode_sum(np.asarray(total)).as_dict()
+        for trainer in trainers.values():
+            trainer.global_stats = dict(stats)
+    limits = ResultLimits()
+    rows = _Rows()
+    for t in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        targets = sample_sites(all_sites, fed.sample_fraction, min_clients, args.seed, t)
+        plan = client_plan(spec.scheme, spec.scheme_args, scheme)
+        reports, site_metrics = [], []
+        for site in targets:
+            # NVFlare's current_round = t - 1 and total_rounds = T, as the controller sends them
+            out = trainers[site].run_round(global_params, t - 1, plan, total_rounds=rounds)
+            meta = {
+                META_NUM_SAMPLES: out.num_samples,
+                "NUM_STEPS_CURRENT_ROUND": out.num_steps,
+                META_SCALARS: out.scalars,
+            }
+            try:
+                params, n, steps, scalars = check_train_result(
+                    site, out.params, meta, global_params, scheme.required_scalars, limits
+                )
+            except InvalidClientResult as e:
+                logger.warning("%s round %d: skipping result: %s", fed.scenario, t, e)
+                continue
+            reports.append(
+                ClientReport(name=site, num_samples=n, num_steps=steps, scalars=scalars, params=params)
+            )
+            site_metrics.append(out.metrics)
+        row = rows.row(t - 1)
+        if site_metrics:
+            row.update(mean_metrics(site_metrics))
+        row.update(scorer.metrics(global_params))
+        if len(reports) < min_clients:
+            logger.warning(
+                "%s round %d: %d valid result(s); global model unchanged", fed.scenario, t, len(reports)
+            )
+            continue
+        try:
+            update = weigh_and_aggregate(scheme, global_params, reports, t, rounds)
+        except ValueError as e:
+            logger.warning("%s round %d: the scheme could not weight this round (%s)", fed.scenario, t, e)
+            continue
+        global_params = update.params
+        row = rows.row(t)
+        row["weights"] = dict(update.weights)
+        row.update(update.values)
+        row["round_seconds"] = time.perf_counter() - t0
+    final = []
+    for trainer in trainers.values():  # the controller's final validate task, sent to every site
+        set_params(trainer.model, global_params)
+        final.append(trainer.evaluate())
+    rows.row(rounds).update(mean_metrics(final))
+    rows.row(rounds).update(scorer.metrics(global_params))
+    return rows.as_list(), scorer.scores(global_params)[None]
+
+
+def _run_centralized(
+    fed: Federation, args: ClientArgs, rounds: int, threshold: str
+) -> tuple[list[dict], np.ndarray]:
+    from fedweigh.site import SiteTrainer
+    from fedweigh.train import set_params
+
+    pooled = pool_sites(fed.sites)
+    trainer = SiteTrainer(pooled, fed.test, args, threads=args.threads or None)
+    scorer = _TestScorer(args, fed.test, pooled.val, threshold)
+    params = scorer.initial_params()
+    rows = _Rows()
+    for t in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        out = trainer.run_round(params, t - 1, {}, total_rounds=rounds)
+        rows.row(t - 1).update({**out.metrics, **scorer.metrics(params)})
+        params = out.params
+        rows.row(t)["round_seconds"] = time.perf_counter() - t0
+    set_params(trainer.model, params)
+    rows.row(rounds).update({**trainer.evaluate(), **scorer.metrics(params)})
+    return rows.as_list(), scorer.scores(params)[None]
+
+
+def _run_local(
+    fed: Federation, args: ClientArgs, rounds: int, threshold: str
+) -> tuple[list[dict], np.ndarray]:
+    """Each site trains alone for T rounds. Rows hold the mean over sites of each site's own model:
+    validation metrics every round, test metrics at round 0 (the shared theta^0) and round T only
+    (scoring K models on the test set every round would cost more than the training)."""
+    from fedweigh.rounds import mean_metrics
+    from fedweigh.site import SiteTrainer
+    from fedweigh.train import set_params
+
+    trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
+    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, threshold)
+    initial = scorer.initial_params()
+    params = {name: initial for name in trainers}
+    rows = _Rows()
+    rows.row(0).update(scorer.metrics(initial))
+    for t in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        val = []
+        for name, trainer in trainers.items():
+            out = trainer.run_round(params[name], t - 1, {}, total_rounds=rounds)
+            val.append(out.metrics)
+            params[name] = out.params
+        rows.row(t - 1).update(mean_metrics(val))
+        rows.row(t)["round_seconds"] = time.perf_counter() - t0
+    val, test = [], []
+    for name, trainer in trainers.items():
+        set_params(trainer.model, params[name])
+        val.append(trainer.evaluate())
+        test.append(scorer.metrics(params[name]))
+    rows.row(rounds).update({**mean_metrics(val), **mean_metrics(test)})
+    return rows.as_list(), np.stack([scorer.scores(params[name]) for name in trainers])
+
+
+def run_cell(
+    config: BenchConfig, scenario: str, method: str, seed: int
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Run one cell; returns (record, scores (S, N, C) of the final model(s) on the test set, test labels).
+
+    The record holds ``rows`` in the controller's format: ``round`` (0 = initial model), the mean
+    site metrics (``val_*``, ``train_loss``), the test metrics (``test_*``), and for training rounds
+    ``weights`` and the scheme's schedule values.
+    """
+    spec = parse_method(method)
+    args = cell_args(config, scenario, seed, spec)
+    fed = federation_for(config, scenario, seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        # a small site's validation split under label skew lacks classes: scikit-learn says so per call
+        warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
+        if spec.kind == "federated":
+            rows, scores = _run_federated(
+                spec, fed, args, config.rounds, config.min_clients, config.threshold
+            )
+        elif spec.kind == "centralized":
+            rows, scores = _run_centralized(fed, args, config.rounds, config.threshold)
+        else:
+            rows, scores = _run_local(fed, args, config.rounds, config.threshold)
+    record = {
+        "key": cell_key(scenario, method, seed),
+        "dataset": config.dataset,
+        "scenario": scenario,
+        "method": method,
+        "seed": seed,
+        "settings_hash": settings_hash(config, scenario, method, seed),
+        "task": fed.test.task,
+        "class_names": list(fed.test.class_names),
+        "sites": [s.name for s in fed.sites],
+        "rounds": config.rounds,
+        "rows": rows,
+        "seconds": time.perf_counter() - t0,
+    }
+    return record, scores, np.asarray(fed.test.labels)
+
+
+def run_and_store_cell(config: BenchConfig, scenario: str, method: str, seed: int, cells_dir: str) -> str:
+    """Run one cell and store it in ``cells_dir`` (predictions first, the JSON record last); returns its key."""
+    record, scores, labels = run_cell(config, scenario, method, seed)
+    cells = Path(cells_dir)
+    key = record["key"]
+    _atomic_write(
+        cells / f"{key}.npz",
+        lambda p: _save_npz(p, scores=scores.astype(np.float32), labels=labels),
+    )
+    _atomic_write(cells / f"{key}.json", lambda p: p.write_text(json.dumps(record, indent=1, default=float)))
+    return key
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING)
+
+
+# ------------------------------------------------------------------------------------------ the run
+@dataclass
+class BenchResult:
+    """What :func:`run_bench` did: the summary, how many cells it trained and skipped, the output folder."""
+
+    summary: dict
+    trained: int
+    skipped: int
+    out_dir: Path
+
+
+class BenchError(RuntimeError):
+    """Some cells failed (the others are stored; a rerun retries only the failed ones)."""
+
+
+def run_bench(config: BenchConfig, out_dir: str | Path, jobs: int = 1, progress: bool = True) -> BenchResult:
+    """Run every cell of ``config`` not yet stored in ``out_dir/cells``, then write the outputs.
+
+    jobs > 1 runs cells in a process pool (torch uses one thread per worker). Outputs:
+    ``results.csv``, ``summary.json``, ``report.md`` and ``plots/`` (see :mod:`fedweigh.bench.report`).
+    Raises :class:`BenchError` naming the failed cells after the others have finished.
+    """
+    from tqdm.auto import tqdm
+
+    from fedweigh.bench.report import write_outputs
+
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    start = time.perf_counter()
+    out = Path(out_dir)
+    cells_dir = out / CELLS_DIR
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_JSON).write_text(json.dumps(config.as_dict(), indent=1, default=str))
+    cells = config.cells()
+    todo = [c for c in cells if not is_done(cells_dir, config, *c)]
+    failures: dict[str, str] = {}
+    bar = tqdm(total=len(todo), desc=f"bench {config.profile}", unit="cell", disable=not progress or not todo)
+    try:
+        if jobs == 1 or len(todo) <= 1:
+            for scenario, method, seed in todo:
+                bar.set_postfix_str(cell_key(scenario, method, seed))
+                try:
+                    run_and_store_cell(config, scenario, method, seed, str(cells_dir))
+                except Exception as e:  # keep going: the other cells are still worth storing
+                    logger.exception("cell %s failed", cell_key(scenario, method, seed))
+                    failures[cell_key(scenario, method, seed)] = f"{type(e).__name__}: {e}"
+                bar.update(1)
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            ctx = mp.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
+                futures = {
+                    pool.submit(run_and_store_cell, config, sc, m, s, str(cells_dir)): cell_key(sc, m, s)
+                    for sc, m, s in todo
+                }
+                try:
+                    for fut in as_completed(futures):
+                        key = futures[fut]
+                        try:
+                            fut.result()
+                        except Exception as e:
+                            logger.error("cell %s failed: %s", key, e)
+                            failures[key] = f"{type(e).__name__}: {e}"
+                        bar.set_postfix_str(key)
+                        bar.update(1)
+                except KeyboardInterrupt:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+    finally:
+        bar.close()
+    if failures:
+        lines = "\n".join(f"  {k}: {v}" for k, v in sorted(failures.items()))
+        raise BenchError(f"{len(failures)} of {len(cells)} cell(s) failed (rerun to retry them):\n{lines}")
+    records = []
+    for scenario, method, seed in cells:
+        record = load_cell(cells_dir, cell_key(scenario, method, seed))
+        if record is None:
+            raise BenchError(f"cell {cell_key(scenario, method, seed)} is missing from {cells_dir}")
+        records.append(record)
+    summary = write_outputs(config, records, out, start)
+    return BenchResult(summary=summary, trained=len(todo), skipped=len(cells) - len(todo), out_dir=out)

@@ -1,0 +1,682 @@
+"""Homomorphically encrypted model updates (CKKS) that keep the server-side weighting schemes.
+
+Protocol (docs/privacy.md, "Encrypted model updates"). Round t = 1..T, site k, weights w_k:
+
+1. Site k decrypts the global model it receives (round 1: the server's plaintext initial model),
+   trains, and sends Enc(Delta_k) with Delta_k = theta_k - theta_g^{t-1} (CKKS, the parameters
+   flattened and cut into chunks of ``slots`` values, one ciphertext each), plus N_k, its local
+   steps and the scalars its scheme needs (FedDRAW: the cosine similarity, which the site computes
+   because it holds theta_k and theta_g).
+2. The server computes w from those scalars only (``scheme.weights`` with no parameters) and forms,
+   without any secret key,
+
+       Enc(theta_g^t) = Enc(theta_g^{t-1}) + sum_k w_k * Enc(Delta_k)
+
+   (ciphertext x plaintext scalar, then ciphertext additions; in round 1 Enc(theta_g^0) is replaced
+   by the plaintext theta_g^0, added as a plaintext). It keeps Enc(theta_g^t) and sends it with the
+   next task; every site decrypts it. So the server never sees an update nor, after round 1, the
+   global model, and a site needs no state across rounds (partial participation and relaunched
+   client processes work).
+
+Every update ends with one check slot holding 1, so the encrypted global model carries the sum of
+all weights applied so far; the server announces that sum in clear and each site compares it after
+decryption, which exposes a contribution encrypted under another key (the server cannot tell).
+
+CKKS levels: with HEBuilder's parameters (poly modulus 8192, coefficient moduli [60, 40, 40] bits,
+scale 2^40) the product w_k * Enc(Delta_k) uses the only multiplicative level; the running global
+ciphertext sits at that same level and is only ever added to, so rounds do not consume levels.
+The remaining 60-bit modulus with scale 2^40 holds values of magnitude below 2^19: encrypted
+parameters and updates are refused above :data:`MAX_ABS_VALUE` (2^17). Each round adds CKKS noise
+of about 1e-7 absolute to the global model (measured; it adds up over rounds).
+
+Selective encryption (``layers``): only the floating-point arrays chosen by glob patterns on the
+parameter names (and the selectors ``first:N``, ``last:N``, ``largest:N`` over the floating-point
+arrays in state-dict order) are encrypted; all other arrays, integer buffers such as BatchNorm's
+``num_batches_tracked`` included, travel in clear and are aggregated in plaintext by the scheme's
+own ``aggregate`` with the same weights (integer buffers follow the scheme's ``integer_buffers``
+rule, as in the plaintext path).
+
+Schemes that need plaintext client models at the server (``he_compatible = False``: IDA, FedAWA,
+FedAdp, FedDRAW with similarity="delta") are refused by :func:`check_he_scheme`.
+
+References: Cheon, Kim, Kim & Song, "Homomorphic encryption for arithmetic of approximate numbers"
+(ASIACRYPT 2017); TenSEAL (Benaissa et al., 2021); NVFlare's HE FedAvg (nvflare.app_opt.he), where
+instead the sites pre-multiply their own weights, which cannot express weights that depend on all
+sites' scalars.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import tenseal as ts
+
+from fedweigh.rounds import RoundUpdate
+from fedweigh.weighting.base import ClientReport, WeightingScheme
+
+#: Name of this encoding (flattened float64 vector, chunked, one CKKS vector per chunk).
+ENCODING = "ckks-chunked-delta-v1"
+#: Values per ciphertext: the slot count of HEBuilder's contexts (poly_modulus_degree / 2).
+DEFAULT_SLOTS = 4096
+#: Largest |value| accepted in an encrypted update or encrypted global model (module docstring).
+MAX_ABS_VALUE = 2.0**17
+#: A weight below this in magnitude contributes nothing (a zero plaintext makes SEAL's product
+#: "transparent", which it refuses); the skipped term is below 1e-12 * |Delta|.
+ZERO_WEIGHT = 1e-12
+#: Tolerance (relative to max(1, |expected|)) on the decrypted check slot.
+CHECK_TOLERANCE = 1e-3
+#: Meta key of a task that carries the HE layout (:meth:`HELayout.to_meta`); its presence means HE mode.
+META_HE = "fedweigh_he"
+#: Parameter-dict keys that carry ciphertext chunks (uint8 arrays), by direction. Distinct prefixes
+#: keep NVFlare's Client API from reshaping a received chunk to the shape of a sent one.
+UPDATE_PREFIX = "fedweigh_he_update/"
+GLOBAL_PREFIX = "fedweigh_he_global/"
+
+#: Scalars that a scheme computes at the server from plaintext parameters when a client does not
+#: report them; under HE the client must report them.
+HE_CLIENT_SCALARS: dict[str, tuple[str, ...]] = {"feddraw": ("similarity",)}
+
+#: Why a scheme cannot run under HE (shown when a job asks for it).
+HE_REFUSAL_REASONS: dict[str, str] = {
+    "ida": "IDA weights each client by the inverse distance between its model and the mean of the "
+    "round's client models, which the server computes from plaintext client models",
+    "fedawa": "FedAWA optimises its weights on the client vectors Delta_k (their Gram matrix and "
+    "cosines with the global model), which the server computes from plaintext client models",
+    "fedadp": "FedAdp weights each client by the angle between its update and the round's mean "
+    "update, which the server computes from plaintext client updates",
+    "feddraw": "FedDRAW with similarity='delta' compares each update with the weighted mean of all "
+    "updates, which only the server could compute from plaintext updates; use similarity='params' "
+    "or 'layer', which each site computes itself",
+}
+
+_SELECTOR = re.compile(r"^(first|last|largest):(\d+)$")
+
+
+class HEIncompatibleScheme(ValueError):
+    """A weighting scheme that needs plaintext client models was asked to run under HE."""
+
+
+# ------------------------------------------------------------------------------------------ schemes
+def check_he_scheme(scheme: WeightingScheme) -> None:
+    """Raise :class:`HEIncompatibleScheme` naming the scheme and the reason if it cannot run under HE."""
+    if scheme.he_compatible:
+        return
+    reason = HE_REFUSAL_REASONS.get(
+        scheme.name, f"{scheme.name} needs the clients' plaintext parameters at the server"
+    )
+    raise HEIncompatibleScheme(
+        f"scheme {scheme.name!r} cannot run with homomorphically encrypted updates (he=True): {reason}. "
+        "Under HE the server sees only ciphertexts and scalars. Choose a scheme that weights from "
+        "sample counts, steps and client-reported scalars (fedavg, fedprox, fednova, feddisco, cbr, "
+        "dafl, feddraw with similarity='params' or 'layer'), or run without HE."
+    )
+
+
+def he_required_scalars(scheme: WeightingScheme) -> tuple[str, ...]:
+    """The scalars every client must report under HE: the scheme's own plus those the server would
+    otherwise compute from plaintext parameters (:data:`HE_CLIENT_SCALARS`)."""
+    extra = HE_CLIENT_SCALARS.get(scheme.name, ()) if scheme.he_compatible else ()
+    return tuple(dict.fromkeys([*scheme.required_scalars, *extra]))
+
+
+# ------------------------------------------------------------------------------------------ layout
+def _is_float(value: np.ndarray) -> bool:
+    return np.issubdtype(np.asarray(value).dtype, np.floating)
+
+
+def select_encrypted_keys(params: Mapping[str, np.ndarray], layers: Sequence[str] | None = None) -> list[str]:
+    """The floating-point arrays of ``params`` to encrypt, in ``params`` order.
+
+    ``layers`` None or empty: all of them. Otherwise the union of: glob patterns matched against
+    the parameter names (``fnmatch``, case-sensitive, e.g. ``"features.conv0.*"``, ``"class_layers.*"``),
+    and the selectors ``first:N`` / ``last:N`` (the first / last N floating-point arrays in
+    state-dict order) and ``largest:N`` (the N largest by number of values). A pattern that matches
+    no floating-point array is an error (it names the pattern), so a typo never silently leaves a
+    layer in clear.
+    """
+    floats = [k for k, v in params.items() if _is_float(v)]
+    if not floats:
+        raise ValueError("the model has no floating-point parameters to encrypt")
+    if not layers:
+        return floats
+    if isinstance(layers, str):
+        raise ValueError(f"he_layers must be a list of patterns, got the string {layers!r}")
+    chosen: set[str] = set()
+    for pattern in layers:
+        m = _SELECTOR.match(pattern)
+        if m:
+            kind, n = m.group(1), int(m.group(2))
+            if n < 1:
+                raise ValueError(f"he_layers selector {pattern!r}: N must be >= 1")
+            if kind == "first":
+                hits = floats[:n]
+            elif kind == "last":
+                hits = floats[-n:]
+            else:
+                hits = sorted(floats, key=lambda k: (-int(np.size(params[k])), floats.index(k)))[:n]
+        else:
+            hits = [k for k in floats if fnmatch.fnmatchcase(k, pattern)]
+        if not hits:
+            raise ValueError(
+                f"he_layers pattern {pattern!r} matches no floating-point parameter "
+                f"(e.g. {', '.join(floats[:3])}, ... of {len(floats)})"
+            )
+        chosen.update(hits)
+    return [k for k in floats if k in chosen]
+
+
+@dataclass(frozen=True)
+class HELayout:
+    """Which arrays are encrypted, their shapes, and how their values are cut into ciphertexts.
+
+    The encrypted vector is the concatenation of the arrays ``keys`` (row-major, float64) in this
+    order followed by one check slot, cut into chunks of ``slots`` values (the last one shorter).
+    """
+
+    keys: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    slots: int = DEFAULT_SLOTS
+
+    def __post_init__(self) -> None:
+        if len(self.keys) != len(self.shapes):
+            raise ValueError(f"HELayout: {len(self.keys)} keys but {len(self.shapes)} shapes")
+        if not self.keys:
+            raise ValueError("HELayout: no arrays to encrypt")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError("HELayout: duplicate keys")
+        if self.slots < 1:
+            raise ValueError(f"HELayout: slots must be >= 1, got {self.slots}")
+
+    @classmethod
+    def build(
+        cls, params: Mapping[str, np.ndarray], keys: Sequence[str] | None = None, slots: int = DEFAULT_SLOTS
+    ) -> HELayout:
+        """The layout of ``keys`` (default: every floating-point array) with the shapes in ``params``."""
+        keys = list(keys) if keys is not None else select_encrypted_keys(params)
+        missing = [k for k in keys if k not in params]
+        if missing:
+            raise ValueError(f"HELayout: the model has no parameter {missing[0]!r}")
+        bad = [k for k in keys if not _is_float(params[k])]
+        if bad:
+            raise ValueError(
+                f"HELayout: parameter {bad[0]!r} is not floating-point; integer buffers travel in clear"
+            )
+        return cls(tuple(keys), tuple(tuple(int(d) for d in np.shape(params[k])) for k in keys), int(slots))
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(np.prod(s, dtype=np.int64)) for s in self.shapes)
+
+    @property
+    def num_values(self) -> int:
+        return int(sum(self.sizes))
+
+    @property
+    def vector_size(self) -> int:
+        """Encrypted slots: the layout's values and one check slot (:func:`encode_update`)."""
+        return self.num_values + 1
+
+    @property
+    def num_chunks(self) -> int:
+        return math.ceil(self.vector_size / self.slots)
+
+    def chunk_sizes(self) -> list[int]:
+        """Slots in each ciphertext: ``slots`` each, the last one the remainder."""
+        n, s = self.vector_size, self.slots
+        return [min(s, n - i * s) for i in range(self.num_chunks)]
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over encoding, slots, keys and shapes: both ends must agree on it."""
+        text = json.dumps([ENCODING, self.slots, list(self.keys), [list(s) for s in self.shapes]])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def clear_keys(self, params: Mapping[str, np.ndarray]) -> list[str]:
+        """The keys of ``params`` that travel in clear (not in the layout), in ``params`` order."""
+        encrypted = set(self.keys)
+        return [k for k in params if k not in encrypted]
+
+    def flatten(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The encrypted arrays of ``params`` as one float64 vector (layout order, row-major)."""
+        parts = []
+        for key, shape in zip(self.keys, self.shapes, strict=True):
+            if key not in params:
+                raise ValueError(f"parameter {key!r} (encrypted under HE) is missing")
+            arr = np.asarray(params[key])
+            if arr.shape != shape:
+                raise ValueError(f"parameter {key!r} has shape {arr.shape}, the HE layout has {shape}")
+            parts.append(arr.astype(np.float64, copy=False).ravel())
+        return np.concatenate(parts)
+
+    def unflatten(self, vector: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Arrays of the layout from ``vector``, each in the dtype of ``like[key]``."""
+        vector = np.asarray(vector)
+        if vector.shape != (self.num_values,):
+            raise ValueError(f"expected a vector of {self.num_values} values, got shape {vector.shape}")
+        out, start = {}, 0
+        for key, shape, size in zip(self.keys, self.shapes, self.sizes, strict=True):
+            dtype = np.asarray(like[key]).dtype if key in like else np.dtype(np.float32)
+            out[key] = vector[start : start + size].reshape(shape).astype(dtype)
+            start += size
+        return out
+
+    def to_meta(self) -> dict:
+        """What the server tells the sites (travels in clear: names only, no values)."""
+        return {
+            "encoding": ENCODING,
+            "keys": list(self.keys),
+            "slots": self.slots,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_meta(cls, meta: Mapping, params: Mapping[str, np.ndarray]) -> HELayout:
+        """The layout the server announced, with shapes from the site's own ``params``; the
+        fingerprint must match (same keys, shapes, order and chunking at both ends)."""
+        if not isinstance(meta, Mapping) or meta.get("encoding") != ENCODING:
+            got = meta.get("encoding") if isinstance(meta, Mapping) else meta
+            raise ValueError(f"HE: unknown update encoding {got!r}, expected {ENCODING}")
+        layout = cls.build(params, list(meta.get("keys") or []), int(meta.get("slots") or 0))
+        if layout.fingerprint != meta.get("fingerprint"):
+            raise ValueError(
+                "HE: this site's model does not match the server's HE layout (parameter names, shapes or "
+                "order differ): the site and the server run different model definitions"
+            )
+        return layout
+
+
+# ------------------------------------------------------------------------------------- ciphertexts
+def _check_magnitude(vector: np.ndarray, what: str) -> None:
+    if not np.isfinite(vector).all():
+        raise ValueError(f"{what} holds NaN or infinite values; refusing to encrypt")
+    peak = float(np.abs(vector).max()) if vector.size else 0.0
+    if peak >= MAX_ABS_VALUE:
+        raise ValueError(
+            f"{what} has a value of magnitude {peak:.3g}, above the CKKS limit {MAX_ABS_VALUE:.3g} "
+            "of this encoding (HEBuilder parameters)"
+        )
+
+
+def encrypt_chunks(ctx: ts.Context, vector: np.ndarray, slots: int = DEFAULT_SLOTS) -> list[bytes]:
+    """Enc of ``vector`` as serialised CKKS vectors of at most ``slots`` values each (needs the secret key:
+    HEBuilder contexts use symmetric encryption)."""
+    if not ctx.has_secret_key():
+        raise ValueError("encrypting needs the client context (with secret key)")
+    vector = np.asarray(vector, dtype=np.float64)
+    _check_magnitude(vector, "the update")
+    return [
+        ts.ckks_vector(ctx, vector[i : i + slots].tolist()).serialize() for i in range(0, vector.size, slots)
+    ]
+
+
+def load_chunks(ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout, who: str) -> list[ts.CKKSVector]:
+    """Deserialise and check ciphertext chunks: count and sizes must match ``layout``.
+
+    Raises ValueError naming ``who`` (a site, or "server") and the chunk.
+    """
+    sizes = layout.chunk_sizes()
+    if len(chunks) != len(sizes):
+        raise ValueError(f"{who}: {len(chunks)} ciphertext chunk(s), the HE layout has {len(sizes)}")
+    out = []
+    for i, (data, size) in enumerate(zip(chunks, sizes, strict=True)):
+        try:
+            vec = ts.ckks_vector_from(ctx, data)
+        except Exception as e:  # TenSEAL raises plain ValueError/RuntimeError on bad protobuf
+            raise ValueError(f"{who}: chunk {i} is not a CKKS vector for this context ({e})") from None
+        if vec.size() != size:
+            raise ValueError(f"{who}: chunk {i} holds {vec.size()} values, expected {size}")
+        out.append(vec)
+    return out
+
+
+def decrypt_chunks(ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout) -> np.ndarray:
+    """The float64 vector that ``chunks`` encrypt (needs the secret key)."""
+    if not ctx.has_secret_key():
+        raise ValueError("decrypting needs the client context (with secret key)")
+    vectors = load_chunks(ctx, chunks, layout, "the encrypted global model")
+    return np.concatenate([np.asarray(v.decrypt(), dtype=np.float64) for v in vectors])
+
+
+def weighted_sum(
+    updates: Sequence[Sequence[ts.CKKSVector]],
+    weights: Sequence[float],
+    base: Sequence[ts.CKKSVector] | np.ndarray,
+    slots: int = DEFAULT_SLOTS,
+) -> list[ts.CKKSVector] | None:
+    """base + sum_k w_k * updates_k, chunk by chunk, with no secret key.
+
+    ``base`` is the encrypted global model (CKKS vectors) or, before the first aggregation, the
+    plaintext vector theta_g^0 (added as plaintext). Weights with |w_k| < :data:`ZERO_WEIGHT` are
+    skipped. Returns the serialised chunks, or None when every weight is zero (nothing to add: the
+    global model is unchanged, and a plaintext base cannot be encrypted by the server).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(updates),):
+        raise ValueError(f"{w.size} weight(s) for {len(updates)} update(s)")
+    if not np.isfinite(w).all():
+        raise ValueError(f"weights are not all finite: {w.tolist()}")
+    active = [(u, float(wk)) for u, wk in zip(updates, w, strict=True) if abs(wk) >= ZERO_WEIGHT]
+    if not active:
+        return None
+    plain = isinstance(base, np.ndarray)
+    if plain:
+        _check_magnitude(np.asarray(base), "the initial global model")
+    num_chunks = len(active[0][0])
+    if any(len(u) != num_chunks for u, _ in active):
+        raise ValueError("updates have different numbers of chunks")
+    out = []
+    for i in range(num_chunks):
+        acc = None
+        for update, wk in active:
+            term = update[i] * wk
+            acc = term if acc is None else acc + term
+        assert acc is not None
+        if plain:
+            acc = acc + np.asarray(base)[i * slots : (i + 1) * slots].tolist()
+        else:
+            acc = acc + base[i]  # type: ignore[index]
+        out.append(acc)
+    return out
+
+
+def pack_chunks(chunks: Sequence[bytes], prefix: str) -> dict[str, np.ndarray]:
+    """Chunks as ``{prefix + index: uint8 array}`` entries of a parameter dict (NVFlare sends arrays)."""
+    return {f"{prefix}{i:06d}": np.frombuffer(c, dtype=np.uint8).copy() for i, c in enumerate(chunks)}
+
+
+def _as_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def unpack_chunks(params: Mapping, prefix: str) -> tuple[list[bytes], dict[str, np.ndarray]]:
+    """(chunks under ``prefix`` in index order, the other entries as numpy arrays)."""
+    entries = sorted(k for k in params if k.startswith(prefix))
+    chunks = []
+    for i, key in enumerate(entries):
+        if key != f"{prefix}{i:06d}":
+            raise ValueError(f"HE: ciphertext entries are not numbered 0..{len(entries) - 1} (found {key!r})")
+        arr = _as_numpy(params[key])
+        if arr.dtype != np.uint8 or arr.ndim != 1:
+            raise ValueError(f"HE: {key!r} must be a 1-D uint8 array, got {arr.dtype} {arr.shape}")
+        chunks.append(arr.tobytes())
+    rest = {k: _as_numpy(v) for k, v in params.items() if not k.startswith(prefix)}
+    return chunks, rest
+
+
+def has_encrypted_global(params: Mapping | None) -> bool:
+    """True when ``params`` carries an encrypted global model (chunks under :data:`GLOBAL_PREFIX`)."""
+    return bool(params) and any(str(k).startswith(GLOBAL_PREFIX) for k in params)  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------------------------- site
+def decode_global(
+    ctx: ts.Context,
+    received: Mapping,
+    he_meta: Mapping,
+    reference: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], HELayout]:
+    """The plaintext global model a site received: decrypted chunks + clear arrays, in ``reference``
+    order and dtypes (``reference``: the site's own model parameters, for names, shapes and dtypes).
+
+    A plaintext model (round 1) is returned as it is, checked for completeness.
+    """
+    layout = HELayout.from_meta(he_meta, reference)
+    chunks, clear = unpack_chunks(received, GLOBAL_PREFIX)
+    if chunks:
+        vector = decrypt_chunks(ctx, chunks, layout)
+        expected = float(he_meta.get("check", math.nan))
+        if not abs(vector[-1] - expected) <= CHECK_TOLERANCE * max(1.0, abs(expected)):
+            raise ValueError(
+                f"HE: the encrypted global model does not decrypt consistently (check slot {vector[-1]:.6g}, "
+                f"expected {expected:.6g}): a contribution was encrypted with another key (startup kits "
+                "from different provisionings, or simulation keys mixed with kit keys) or was corrupted"
+            )
+        values = layout.unflatten(vector[:-1], reference)
+    else:
+        values = {k: clear.pop(k) for k in layout.keys if k in clear}
+    merged = {**clear, **values}
+    missing = [k for k in reference if k not in merged]
+    unexpected = [k for k in merged if k not in reference]
+    if missing or unexpected:
+        raise ValueError(
+            f"HE: the received global model does not fit this site's model (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
+    return {k: np.asarray(merged[k]) for k in reference}, layout
+
+
+def encode_update(
+    ctx: ts.Context,
+    params: Mapping[str, np.ndarray],
+    global_params: Mapping[str, np.ndarray],
+    layout: HELayout,
+) -> dict[str, np.ndarray]:
+    """What a site sends: Enc([theta_k - theta_g, 1]) for the layout's arrays (chunks under
+    :data:`UPDATE_PREFIX`) and its other arrays in clear.
+
+    The last slot holds 1, so the encrypted global model carries the sum of all weights applied so
+    far, which the server announces in clear (``check`` in :meth:`EncryptedGlobalModel.meta`): a
+    site detects a contribution encrypted under another key (or a corrupted sum) at decryption.
+    """
+    theta_k = layout.flatten(params)
+    _check_magnitude(theta_k, "the trained model")
+    delta = theta_k - layout.flatten(global_params)
+    vector = np.append(delta, 1.0)  # check slot: the aggregate carries sum_k w_k there
+    out = pack_chunks(encrypt_chunks(ctx, vector, layout.slots), UPDATE_PREFIX)
+    for key in layout.clear_keys(params):
+        out[key] = np.asarray(params[key])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ server
+@dataclass
+class EncryptedContribution:
+    """One site's checked result under HE: its encrypted update and its clear arrays."""
+
+    site: str
+    update: list[ts.CKKSVector]
+    clear: dict[str, np.ndarray]
+
+
+class EncryptedGlobalModel:
+    """The server's global model under HE: clear arrays in plaintext, the layout's arrays encrypted.
+
+    Before the first aggregation the encrypted part is still the plaintext initial model (the
+    server created it). ``public_ctx`` must hold no secret key; the object never decrypts.
+
+    Args:
+        public_ctx: the server's TenSEAL context (``server_context.tenseal``).
+        global_params: the initial global model theta_g^0 (all arrays, plaintext).
+        layers: selective encryption patterns (:func:`select_encrypted_keys`); None = all float arrays.
+        slots: values per ciphertext.
+    """
+
+    def __init__(
+        self,
+        public_ctx: ts.Context,
+        global_params: Mapping[str, np.ndarray],
+        layers: Sequence[str] | None = None,
+        slots: int = DEFAULT_SLOTS,
+    ):
+        if public_ctx.has_secret_key():
+            raise PermissionError(
+                "the server's TenSEAL context holds a SECRET KEY; under HE the server may hold only the "
+                "public context (server_context.tenseal)"
+            )
+        self.ctx = public_ctx
+        reference = {k: np.asarray(v) for k, v in global_params.items()}
+        self.layout = HELayout.build(reference, select_encrypted_keys(reference, layers), slots)
+        #: dtypes and shapes of every array (for checking results; values are not kept for encrypted keys)
+        self.spec = {k: (v.shape, v.dtype) for k, v in reference.items()}
+        self.clear: dict[str, np.ndarray] = {k: reference[k] for k in self.layout.clear_keys(reference)}
+        self._initial: np.ndarray | None = np.append(self.layout.flatten(reference), 0.0)
+        #: sum of all weights applied so far: the value of the check slot of the encrypted model
+        self.check_value = 0.0
+        self._initial_values = {k: reference[k] for k in self.layout.keys}
+        self.chunks: list[bytes] | None = None
+        self._vectors: list[ts.CKKSVector] | None = None
+
+    @property
+    def encrypted(self) -> bool:
+        """True once the global model's layout arrays exist only as ciphertext at the server."""
+        return self.chunks is not None
+
+    def task_params(self) -> dict[str, np.ndarray]:
+        """The model to send: plaintext before the first aggregation, else ciphertext + clear arrays."""
+        if self.chunks is None:
+            return {
+                k: self._initial_values[k] if k in self._initial_values else self.clear[k] for k in self.spec
+            }
+        return {**self.clear, **pack_chunks(self.chunks, GLOBAL_PREFIX)}
+
+    def meta(self) -> dict:
+        """The layout and the expected check slot (both in clear: names and a sum of weights)."""
+        return {**self.layout.to_meta(), "check": self.check_value}
+
+    def check_result(self, site: str, params: Mapping | None) -> EncryptedContribution:
+        """A site's result: the right number of ciphertexts of the right sizes, and clear arrays
+        with the global model's keys and shapes (finite). ValueError naming the site otherwise."""
+        if not params:
+            raise ValueError(f"{site}: result holds no parameters")
+        chunks, rest = unpack_chunks(params, UPDATE_PREFIX)
+        if not chunks:
+            raise ValueError(f"{site}: result holds no encrypted update (plaintext parameters under HE?)")
+        leaked = [k for k in rest if k in self.layout.keys]
+        if leaked:
+            raise ValueError(f"{site}: sent encrypted-layout parameter {leaked[0]!r} in clear; refusing it")
+        expected = set(self.clear)
+        if set(rest) != expected:
+            raise ValueError(
+                f"{site}: clear parameters differ from the global model's (missing "
+                f"{sorted(expected - set(rest))[:3]}, unexpected {sorted(set(rest) - expected)[:3]})"
+            )
+        for key, arr in rest.items():
+            if arr.shape != self.spec[key][0]:
+                raise ValueError(
+                    f"{site}: parameter {key!r} has shape {arr.shape}, expected {self.spec[key][0]}"
+                )
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ValueError(f"{site}: parameter {key!r} holds non-finite values")
+        return EncryptedContribution(site, load_chunks(self.ctx, chunks, self.layout, site), rest)
+
+    def aggregate(
+        self,
+        scheme: WeightingScheme,
+        reports: Sequence[ClientReport],
+        contributions: Sequence[EncryptedContribution],
+        round_index: int,
+        num_rounds: int,
+        max_share: float | None = None,
+    ) -> RoundUpdate:
+        """Weights from scalars only (capped at ``max_share`` per site when given, as in plaintext
+        :func:`fedweigh.rounds.weigh_and_aggregate`), then Enc(theta_g) += sum_k w_k Enc(Delta_k) and the clear arrays
+        by ``scheme.aggregate``. Returns the clear arrays, the weights and the scheme's values.
+
+        ValueError (nothing changed) if the scheme cannot weight this round.
+        """
+        names = [r.name for r in reports]
+        if names != [c.site for c in contributions]:
+            raise ValueError(f"reports {names} and contributions {[c.site for c in contributions]} differ")
+        blind = [replace(r, params=None) for r in reports]
+        w = np.asarray(scheme.weights(blind, None, round_index, num_rounds), dtype=np.float64)
+        if max_share is not None:
+            from fedweigh.rounds import cap_weights
+
+            w = cap_weights(w, max_share)
+        values = {
+            k: float(v)
+            for k, v in (scheme.last_details or {}).items()
+            if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+        }
+        new_clear = dict(self.clear)
+        if self.clear:
+            with_clear = [replace(r, params=c.clear) for r, c in zip(blind, contributions, strict=True)]
+            new_clear = {k: np.asarray(v) for k, v in scheme.aggregate(self.clear, with_clear, w).items()}
+        base = self._initial if self._vectors is None else self._vectors
+        summed = weighted_sum([c.update for c in contributions], w, base, self.layout.slots)  # type: ignore[arg-type]
+        if summed is not None:
+            self.check_value += float(sum(wk for wk in w if abs(wk) >= ZERO_WEIGHT))
+            self._vectors = summed
+            self.chunks = [v.serialize() for v in summed]
+            self._initial, self._initial_values = None, {}
+        self.clear = new_clear
+        return RoundUpdate(
+            params=dict(new_clear),
+            weights={r.name: float(wk) for r, wk in zip(reports, w, strict=True)},
+            values=values,
+        )
+
+    # -- persistence (ciphertext only: the server never writes a plaintext model after round 1) -------
+    def save(self, path: str | Path) -> None:
+        """Write clear arrays, ciphertext chunks (or, before round 1 ends, the plaintext initial
+        values) and the layout fingerprint to an ``.npz`` file (atomically)."""
+        path = Path(path)
+        arrays: dict[str, np.ndarray] = {f"clear/{k}": v for k, v in self.clear.items()}
+        if self.chunks is not None:
+            arrays.update(
+                {f"enc/{i:06d}": np.frombuffer(c, dtype=np.uint8) for i, c in enumerate(self.chunks)}
+            )
+        else:
+            arrays.update({f"plain/{k}": v for k, v in self._initial_values.items()})
+        arrays["layout_fingerprint"] = np.array(self.layout.fingerprint)
+        arrays["check_value"] = np.array(self.check_value)
+        tmp = path.with_name("tmp_" + path.name)
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+
+    def load(self, path: str | Path) -> None:
+        """Restore what :meth:`save` wrote (the layout must be the same)."""
+        with np.load(Path(path)) as npz:
+            files = list(npz.files)
+            if str(npz["layout_fingerprint"]) != self.layout.fingerprint:
+                raise ValueError(f"{path}: saved under another HE layout (model or he_layers changed)")
+            self.clear = {f[len("clear/") :]: npz[f] for f in files if f.startswith("clear/")}
+            self.check_value = float(npz["check_value"])
+            enc = sorted(f for f in files if f.startswith("enc/"))
+            if enc:
+                self.chunks = [npz[f].tobytes() for f in enc]
+                self._vectors = load_chunks(self.ctx, self.chunks, self.layout, str(path))
+                self._initial, self._initial_values = None, {}
+            else:
+                self._initial_values = {f[len("plain/") :]: npz[f] for f in files if f.startswith("plain/")}
+                self._initial = np.append(self.layout.flatten(self._initial_values), 0.0)
+                self.chunks, self._vectors = None, None
+
+
+__all__ = [
+    "DEFAULT_SLOTS",
+    "ENCODING",
+    "GLOBAL_PREFIX",
+    "HE_CLIENT_SCALARS",
+    "HE_REFUSAL_REASONS",
+    "HEIncompatibleScheme",
+    "HELayout",
+    "MAX_ABS_VALUE",
+    "META_HE",
+    "UPDATE_PREFIX",
+    "EncryptedContribution",
+    "EncryptedGlobalModel",
+    "check_he_scheme",
+    "decode_global",
+    "decrypt_chunks",
+    "encode_update",
+    "encrypt_chunks",
+    "has_encrypted_global",
+    "he_required_scalars",
+    "load_chunks",
+    "pack_chunks",
+    "select_encrypted_keys",
+    "unpack_chunks",
+    "weighted_sum",
+]

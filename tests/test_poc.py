@@ -1,0 +1,478 @@
+"""End to end on loopback: provision from provisioning/project.yml, run a server and three hospitals,
+submit fedweigh jobs as their users would, check the downloaded results.
+
+One federation serves every check (module fixture ``poc``), in this order:
+
+1. ``nvflare provision`` of provisioning/project.yml with the server moved to localhost and free ports;
+   each hospital gets its own data through ``local/fedweigh_site.json`` (SynthCXR, 200/300/400 images,
+   seeds 1/2/3: 180/270/360 training images);
+2. the server and the three hospitals start from their kits as processes owned by the test; they run
+   without this checkout's fedweigh on their import path (``poc_utils.site_python``);
+3. a job without code (``fedweigh jobs export --site-installed``) is submitted before any site has
+   allow-listed fedweigh: NVFlare must refuse to build it;
+4. ``provisioning/allow_fedweigh.py`` adds provisioning/resources.json to the server's and every
+   hospital's allow-list; a hospital's org_admin tries to submit (refused);
+5. the same FedDRAW job runs twice at once, deployed both ways, each with the PNB loss and therefore
+   a secure label-statistics phase under the HE contexts HEBuilder put in the kits:
+   - whole package bundled in the job (bring-your-own-code), submitted by a hospital lead through
+     the FLARE API session (what the admin console does), monitored, downloaded;
+   - no code in the job, for the installed and allow-listed package, with ``nvflare job submit``,
+     ``nvflare job wait`` and ``nvflare job download``.
+
+Expected values, by hand: every hospital trains one epoch with batch 18, so its sample count is its
+training-set size, N = (180, 270, 360) of 810. FedDRAW (beta_max 1, two rounds) gives w = N_k / N in
+round 1 (lambda 0, beta 1) = (2/9, 1/3, 4/9) and 1/K = 1/3 in its last round (beta 0). The global
+histogram every hospital decrypts is the sum of the three training histograms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from poc_utils import (
+    JOB_COMPLETED,
+    PROJECT_YML,
+    REPO,
+    Federation,
+    free_ports,
+    loopback_project,
+    move_server_storage,
+    nvflare_json,
+    provision,
+    set_admin_message_timeout,
+    site_env,
+    site_python,
+    wait_for_job,
+    wait_for_sites,
+)
+
+from fedweigh.flare.constants import METRICS_JSON
+
+SERVER = "server"
+HOSPITALS = ("hospital-a", "hospital-b", "hospital-c")
+PROJECT_ADMIN = "admin@coordinator.org"
+LEAD = "lead@hospital-a.org"
+ORG_ADMIN = "it@hospital-a.org"
+#: Each hospital's local data (docs/deploy.md, "Site data"): 90 % of num_images train, 10 % validate.
+SITE_DATA = {
+    "hospital-a": {"dataset": "synthcxr", "num_images": 200, "seed": 1},
+    "hospital-b": {"dataset": "synthcxr", "num_images": 300, "seed": 2},
+    "hospital-c": {"dataset": "synthcxr", "num_images": 400, "seed": 3},
+}
+TRAIN_SIZES = {"hospital-a": 180, "hospital-b": 270, "hospital-c": 360}
+ROUNDS = 2
+JOB_TIMEOUT = 600
+
+
+@dataclass
+class PocRun:
+    """What the federation did, for the tests to check."""
+
+    prod: Path
+    root: Path
+    refused: dict = field(default_factory=dict)
+    org_admin_error: str = ""
+    jobs: dict[str, dict] = field(default_factory=dict)
+    wall: dict[str, float] = field(default_factory=dict)
+
+
+def _export_jobs(out: Path) -> dict[str, Path]:
+    """The job folders, by the ``fedweigh jobs export`` code paths (bundle / site-installed), tiny settings."""
+    from fedweigh.flare.client import ClientArgs
+    from fedweigh.flare.jobs import export_recipe
+    from fedweigh.flare.recipes import FedDRAWRecipe
+
+    # The job's scenario is not used: every hospital has a local/fedweigh_site.json. The PNB loss uses
+    # the global label histogram, so the job starts with the secure statistics phase.
+    client = ClientArgs(dataset="synthcxr", num_images=300, batch_size=18, threads=1, loss="pnb")
+
+    def feddraw(name: str, bundle: bool = False):
+        return FedDRAWRecipe(
+            name=name,
+            num_rounds=ROUNDS,
+            min_clients=len(HOSPITALS),
+            client=client,
+            statistics="secure",
+            bundle=bundle,
+        )
+
+    return {
+        "refused": export_recipe(feddraw("feddraw_refused"), out, site_installed=True),
+        "bundle": export_recipe(feddraw("feddraw_bundle", bundle=True), out, bundle=True),
+        "installed": export_recipe(feddraw("feddraw_installed"), out, site_installed=True),
+    }
+
+
+def _allow_fedweigh(kit: Path) -> str:
+    """Run provisioning/allow_fedweigh.py on ``kit`` as a site's IT would."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "provisioning" / "allow_fedweigh.py"), str(kit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _result(folder: Path) -> dict:
+    """Metrics rows and server log of a downloaded job result."""
+    server_app = folder / "workspace" / "app_server"
+    metrics = server_app / METRICS_JSON
+    return {
+        "folder": folder,
+        "rows": json.loads(metrics.read_text())["rounds"] if metrics.is_file() else None,
+        "log": (folder / "workspace" / "log.txt").read_text(errors="replace"),
+        "server_app": server_app,
+    }
+
+
+@pytest.fixture(scope="module")
+def poc(tmp_path_factory):
+    import matplotlib
+    from nvflare.fuel.flare_api.flare_api import new_secure_session
+
+    start = time.monotonic()
+    root = tmp_path_factory.mktemp("poc")
+    home = root / "home"
+    home.mkdir()
+    mpl_cache = matplotlib.get_cachedir()  # before HOME moves: the font cache is built once, not per process
+    env = site_env(home, hide_installed_fedweigh=True)
+    cli_env = site_env(home)
+    for e in (env, cli_env):
+        e["MPLCONFIGDIR"] = mpl_cache
+        e["NVFLARE_POC_WORKSPACE"] = str(root / "poc_workspace")  # never the user's default POC folder
+
+    fed_learn_port, admin_port = free_ports(2)
+    project = root / "project.yml"
+    loopback_project(PROJECT_YML, project, fed_learn_port, admin_port)
+    prod = provision(project, root / "provisioning", cli_env)
+    move_server_storage(prod / SERVER / "local", root / "server_storage")
+    for admin_kit in (PROJECT_ADMIN, LEAD, ORG_ADMIN):
+        set_admin_message_timeout(prod / admin_kit, 60.0)
+    for site, config in SITE_DATA.items():
+        (prod / site / "local" / "fedweigh_site.json").write_text(json.dumps(config))
+    jobs = _export_jobs(root / "jobs")
+    run = PocRun(prod=prod, root=root)
+    run.wall["provision_and_export"] = time.monotonic() - start
+
+    fed = Federation(prod, SERVER, list(HOSPITALS), env, site_python(True), root / "logs")
+    sessions = []
+    try:
+        fed.start()
+        admin = new_secure_session(PROJECT_ADMIN, str(prod / PROJECT_ADMIN), timeout=60)
+        sessions.append(admin)
+        wait_for_sites(admin, list(HOSPITALS), fed)
+        run.wall["started"] = time.monotonic() - start
+
+        # 3. no site has allow-listed fedweigh yet: a job without code must be refused
+        job_id = admin.submit_job(str(jobs["refused"]))
+        meta = wait_for_job(admin, job_id, fed, timeout=JOB_TIMEOUT)
+        folder = Path(admin.download_job_result(job_id))
+        run.refused = {"meta": meta, **_result(folder)}
+
+        # 4. allow-list fedweigh everywhere; an org_admin may not submit
+        for kit in (SERVER, *HOSPITALS):
+            _allow_fedweigh(prod / kit)
+        org_admin = new_secure_session(ORG_ADMIN, str(prod / ORG_ADMIN), timeout=60)
+        sessions.append(org_admin)
+        try:
+            org_admin.submit_job(str(jobs["bundle"]))
+        except Exception as e:
+            run.org_admin_error = f"{type(e).__name__}: {e}"
+        run.wall["refusals"] = time.monotonic() - start
+
+        # 5. the same job, both code deployments, both submission routes, at once
+        submitted = nvflare_json(
+            ["job", "submit", "-j", str(jobs["installed"])], prod / PROJECT_ADMIN, cli_env, root
+        )
+        assert submitted["exit_code"] == 0, submitted
+        installed_id = submitted["data"]["job_id"]
+        run.wall["cli_submitted"] = time.monotonic() - start
+        lead = new_secure_session(LEAD, str(prod / LEAD), timeout=60)
+        sessions.append(lead)
+        bundle_id = lead.submit_job(str(jobs["bundle"]))
+        run.wall["submitted"] = time.monotonic() - start
+
+        monitored = lead.monitor_job(bundle_id, timeout=JOB_TIMEOUT, poll_interval=2.0)
+        meta = wait_for_job(lead, bundle_id, fed, timeout=60)
+        folder = Path(lead.download_job_result(bundle_id))
+        run.jobs["bundle"] = {"job_id": bundle_id, "meta": meta, "monitor": str(monitored), **_result(folder)}
+        run.wall["bundle_done"] = time.monotonic() - start
+        waited = nvflare_json(
+            ["job", "wait", installed_id, "--timeout", str(JOB_TIMEOUT)], prod / PROJECT_ADMIN, cli_env, root
+        )
+        downloaded = nvflare_json(
+            ["job", "download", installed_id, "-o", str(root / "downloads")],
+            prod / PROJECT_ADMIN,
+            cli_env,
+            root,
+        )
+        assert downloaded["exit_code"] == 0, downloaded
+        run.jobs["installed"] = {
+            "job_id": installed_id,
+            "meta": admin.get_job_meta(installed_id),
+            "wait": waited,
+            **_result(Path(downloaded["data"]["download_path"])),
+        }
+        run.wall["jobs"] = time.monotonic() - start
+        yield run
+    finally:
+        for sess in sessions:
+            with contextlib.suppress(Exception):  # the processes are ended below in any case
+                sess.close()
+        ended = fed.stop()
+        left = fed.still_running()
+        print(f"POC wall times (s): {run.wall}; ended {ended}")
+        assert not left, f"processes still running after stop: {left}"
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _weights(rows: list[dict], round_index: int) -> dict[str, float]:
+    row = next(r for r in rows if r["round"] == round_index)
+    return row["weights"]
+
+
+def _train_histograms() -> dict[str, np.ndarray]:
+    """Each hospital's training label histogram, from its fedweigh_site.json (as the site loads it)."""
+    from fedweigh.flare.site_data import SiteDataConfig, load_site_from_config
+
+    return {
+        site: load_site_from_config(site, SiteDataConfig(**cfg))[0].train.label_histogram()
+        for site, cfg in SITE_DATA.items()
+    }
+
+
+def _assert_completed(job: dict) -> None:
+    assert job["meta"]["status"] == JOB_COMPLETED, f"{job['meta']}\n{job['log'][-4000:]}"
+    rows = job["rows"]
+    assert rows is not None, f"no {METRICS_JSON} in the downloaded result {job['folder']}"
+    assert [r["round"] for r in rows] == list(range(ROUNDS + 1))
+    for r in rows:
+        assert 0.0 <= r["test_auc"] <= 1.0 and math.isfinite(r["test_auc"]), r
+        assert math.isfinite(r["val_loss"]), r
+
+
+# ------------------------------------------------------- fast checks of the deployment artefacts
+def test_project_yml_runs_hebuilder_before_signaturebuilder():
+    import yaml
+
+    project = yaml.safe_load(PROJECT_YML.read_text())
+    builders = [b["path"].rsplit(".", 1)[-1] for b in project["builders"]]
+    assert builders.index("HEBuilder") < builders.index("SignatureBuilder")
+    by_type: dict[str, list[str]] = {}
+    for p in project["participants"]:
+        by_type.setdefault(p["type"], []).append(p["name"])
+    assert by_type["server"] == [SERVER] and by_type["client"] == list(HOSPITALS)
+    roles = {p["name"]: p.get("role") for p in project["participants"] if p["type"] == "admin"}
+    assert (
+        roles[PROJECT_ADMIN] == "project_admin" and roles[LEAD] == "lead" and roles[ORG_ADMIN] == "org_admin"
+    )
+    assert list(roles.values()).count("project_admin") == 1
+
+
+def test_bundle_export_ships_an_importable_package(tmp_path):
+    """The bundled job alone (no installed fedweigh) provides every fedweigh module, __init__ files included."""
+    import sysconfig
+
+    import fedweigh
+    from fedweigh.flare.jobs import export_recipe
+    from fedweigh.flare.recipes import FedDRAWRecipe
+
+    job = export_recipe(FedDRAWRecipe(name="b", min_clients=3, bundle=True), tmp_path, bundle=True)
+    package = Path(fedweigh.__file__).parent
+    custom = job / "app" / "custom"
+    shipped = {str(f.relative_to(custom / "fedweigh")) for f in (custom / "fedweigh").rglob("*.py")}
+    assert shipped == {str(f.relative_to(package)) for f in package.rglob("*.py")}
+    assert not list(custom.rglob("__pycache__"))
+    paths = sysconfig.get_paths()
+    probe = "import fedweigh, fedweigh.flare.controller, fedweigh.weighting.feddraw, fedweigh.losses; print(fedweigh.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", probe],
+        env={"PYTHONPATH": os.pathsep.join([paths["purelib"], paths["platlib"], str(custom)]), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert Path(out.stdout.strip()) == custom / "fedweigh" / "__init__.py"
+
+
+def test_site_installed_export_carries_no_code(tmp_path):
+    from fedweigh.flare.client import ClientArgs
+    from fedweigh.flare.jobs import INSTALLED_EXECUTOR, export_recipe
+    from fedweigh.flare.recipes import FedDRAWRecipe
+
+    client = ClientArgs(num_images=300, batch_size=18)
+    default = export_recipe(FedDRAWRecipe(name="j", min_clients=3, client=client), tmp_path / "default")
+    job = export_recipe(
+        FedDRAWRecipe(name="j", min_clients=3, client=client), tmp_path / "i", site_installed=True
+    )
+    assert (default / "app" / "custom").is_dir()  # the default export ships the entry script: BYOC
+    assert not list(job.rglob("custom")) and not list(job.rglob("*.py"))
+    config = json.loads((job / "app" / "config" / "config_fed_client.json").read_text())
+    executors = [e["executor"] for e in config["executors"]]
+    assert executors == [
+        {
+            "path": INSTALLED_EXECUTOR,
+            "args": {"task_script_args": client.to_argv(), "params_exchange_format": "pytorch"},
+        }
+    ]
+    server = "app/config/config_fed_server.json"
+    assert (job / server).read_text() == (default / server).read_text()
+
+
+def test_installed_client_executor_runs_the_installed_script():
+    from fedweigh.flare.site_executor import InstalledClientExecutor
+
+    executor = InstalledClientExecutor(task_script_args="--max-steps 2")
+    script = Path(executor._task_script_path)
+    assert script.is_absolute() and script.is_file()
+    assert script.parts[-3:] == ("fedweigh", "flare", "fedweigh_client.py")
+    assert executor._execution_mode == "in_process" and executor._task_script_args == "--max-steps 2"
+
+
+def test_export_modes_exclude_each_other(tmp_path):
+    from fedweigh.cli import main
+    from fedweigh.flare.jobs import export_jobs
+
+    with pytest.raises(ValueError, match="choose one code deployment"):
+        export_jobs(tmp_path, ["synthcxr_fedavg"], bundle=True, site_installed=True)
+    with pytest.raises(SystemExit):
+        main(["jobs", "export", "synthcxr_fedavg", "--bundle", "--site-installed", "--out", str(tmp_path)])
+    assert main(["jobs", "export", "synthcxr_fedavg", "--bundle", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "synthcxr_fedavg" / "app" / "custom" / "fedweigh" / "__init__.py").is_file()
+
+
+def test_allow_fedweigh_extends_the_sites_list_once(tmp_path):
+    kit = tmp_path / "hospital-x"
+    (kit / "local").mkdir(parents=True)
+    default = {
+        "format_version": 2,
+        "class_allow_list": ["nvflare.app_common.workflows.fedavg.FedAvg"],
+        "components": [{"id": "process_launcher", "path": "some.Launcher", "args": {}}],
+    }
+    (kit / "local" / "resources.json.default").write_text(json.dumps(default))
+    fragment = json.loads((REPO / "provisioning" / "resources.json").read_text())["class_allow_list"]
+    assert "fedweigh." in fragment
+    for _ in range(2):
+        _allow_fedweigh(kit)
+    written = json.loads((kit / "local" / "resources.json").read_text())
+    assert written["class_allow_list"] == default["class_allow_list"] + fragment
+    assert written["components"] == default["components"]
+    # a resources.json that exists (e.g. with the server's storage paths) is the one extended
+    (kit / "local" / "resources.json").write_text(json.dumps({**default, "snapshot": "mine"}))
+    _allow_fedweigh(kit)
+    written = json.loads((kit / "local" / "resources.json").read_text())
+    assert written["snapshot"] == "mine" and written["class_allow_list"][-len(fragment) :] == fragment
+
+
+# ------------------------------------------------------------------------- the running federation
+@pytest.mark.slow
+def test_kits_hold_signed_he_contexts(poc):
+    """HEBuilder runs before SignatureBuilder: the contexts are in the kits and in their signatures."""
+    server_startup = poc.prod / SERVER / "startup"
+    assert (server_startup / "server_context.tenseal").is_file()
+    assert "server_context.tenseal" in json.loads((server_startup / "signature.json").read_text())
+    assert not (server_startup / "client_context.tenseal").exists()  # the secret key stays at the sites
+    for site in HOSPITALS:
+        startup = poc.prod / site / "startup"
+        assert (startup / "client_context.tenseal").is_file()
+        assert "client_context.tenseal" in json.loads((startup / "signature.json").read_text())
+
+
+@pytest.mark.slow
+def test_job_without_code_is_refused_until_sites_allow_fedweigh(poc):
+    refused = poc.refused
+    assert refused["meta"]["status"] != JOB_COMPLETED
+    assert refused["rows"] is None
+    assert "'fedweigh.flare.controller.FedweighController'" in refused["log"]
+    assert "is not in allow_list" in refused["log"]
+
+
+@pytest.mark.slow
+def test_org_admin_may_not_submit(poc):
+    assert "AuthorizationError" in poc.org_admin_error and "submit_job" in poc.org_admin_error
+
+
+@pytest.mark.slow
+def test_feddraw_bundled_job_through_the_flare_api(poc):
+    job = poc.jobs["bundle"]
+    _assert_completed(job)
+    assert job["monitor"].endswith("FINISHED")
+    assert job["meta"]["submitter_name"] == LEAD and job["meta"]["submitter_role"] == "lead"
+    assert job["meta"].get("byoc") is True
+    total = sum(TRAIN_SIZES.values())
+    assert _weights(job["rows"], 1) == pytest.approx(
+        {s: n / total for s, n in TRAIN_SIZES.items()}, abs=1e-12
+    )
+    assert _weights(job["rows"], 2) == pytest.approx({s: 1 / 3 for s in HOSPITALS}, abs=1e-12)
+    # the server and every hospital imported fedweigh from the job (bytecode next to the bundled copy)
+    assert (job["server_app"] / "custom" / "fedweigh" / "__pycache__").is_dir()
+    for site in HOSPITALS:
+        site_copy = poc.prod / site / job["job_id"] / f"app_{site}" / "custom" / "fedweigh" / "flare"
+        assert (site_copy / "__pycache__").is_dir(), f"{site} did not import the bundled fedweigh"
+
+
+@pytest.mark.slow
+def test_feddraw_site_installed_job_with_nvflare_job_submit(poc):
+    job = poc.jobs["installed"]
+    _assert_completed(job)
+    assert job["wait"]["exit_code"] == 0 and job["wait"]["data"]["status"] == JOB_COMPLETED, job["wait"]
+    assert job["meta"]["submitter_name"] == PROJECT_ADMIN and not job["meta"].get("byoc")
+    assert not (job["server_app"] / "custom").exists()
+    total = sum(TRAIN_SIZES.values())
+    assert _weights(job["rows"], 1) == pytest.approx(
+        {s: n / total for s, n in TRAIN_SIZES.items()}, abs=1e-12
+    )
+    assert _weights(job["rows"], 2) == pytest.approx({s: 1 / 3 for s in HOSPITALS}, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_both_code_deployments_train_the_same_model(poc):
+    """Same data, seeds and weights: the bundled and the installed package give the same global model."""
+    bundle, installed = poc.jobs["bundle"]["rows"], poc.jobs["installed"]["rows"]
+    for mine, theirs in zip(installed, bundle, strict=True):
+        for key in ("test_auc", "val_auc", "val_loss", "train_loss"):
+            if key in mine or key in theirs:
+                assert mine[key] == pytest.approx(theirs[key], abs=1e-6), (mine["round"], key)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job_name", ["bundle", "installed"])
+def test_secure_statistics_with_the_kits_he_contexts(poc, job_name):
+    from fedweigh.flare.statistics import GLOBAL_STATS_FILE
+
+    job = poc.jobs[job_name]
+    _assert_completed(job)
+    histograms = _train_histograms()
+    assert {s: int(h.sum()) > 0 and len(h) == 14 for s, h in histograms.items()} == {
+        s: True for s in HOSPITALS
+    }
+    # every hospital decrypted the true global histogram, summed by the server under encryption
+    expected_global = [int(x) for x in sum(histograms.values())]
+    for site in HOSPITALS:
+        stats = json.loads((poc.prod / site / GLOBAL_STATS_FILE.format(job_id=job["job_id"])).read_text())
+        assert stats["class_counts"] == expected_global, site
+        assert stats["num_samples"] == sum(TRAIN_SIZES.values())
+    # with the kits' contexts: the server's (no secret key) and each hospital's own file
+    assert f"{SERVER}/startup/server_context.tenseal" in job["log"]
+    for site in HOSPITALS:
+        site_log = (poc.prod / site / job["job_id"] / "log.txt").read_text(errors="replace")
+        assert f"{site}/startup/client_context.tenseal" in site_log, site
+
+
+@pytest.mark.slow
+def test_downloads_land_where_asked(poc):
+    assert poc.jobs["bundle"]["folder"].parent == poc.prod / LEAD / "transfer"
+    assert poc.jobs["installed"]["folder"].is_relative_to(poc.root / "downloads")
