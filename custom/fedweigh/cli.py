@@ -147,9 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")
     scen.set_defaults(func=cmd_scenarios)
 
+    from fedweigh.bench.cli import add_bench_parser
     from fedweigh.explain import add_explain_parser
 
     add_explain_parser(sub)
+    add_bench_parser(sub)
     return p
 
 

@@ -352,6 +352,7 @@ class _Rows:
 def _run_federated(
     spec: MethodSpec, fed: Federation, args: ClientArgs, rounds: int, min_clients: int, threshold: str
 ) -> tuple[list[dict], np.ndarray]:
+    """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C))."""
     from fedweigh.flare.constants import META_NUM_SAMPLES, META_SCALARS
     from fedweigh.flare.statistics import decode_sum, statistics_vector
     from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
@@ -430,6 +431,7 @@ def _run_federated(
 def _run_centralized(
     fed: Federation, args: ClientArgs, rounds: int, threshold: str
 ) -> tuple[list[dict], np.ndarray]:
+    """One trainer on all sites' data pooled, T rounds of the same local training as a site."""
     from fedweigh.site import SiteTrainer
     from fedweigh.train import set_params
 
