@@ -80,6 +80,15 @@ def cap_weights(weights: np.ndarray, max_share: float) -> np.ndarray:
     return s * total
 
 
+def scheme_values(scheme: WeightingScheme) -> dict[str, float]:
+    """The scalar entries of the scheme's last ``weights`` call (e.g. FedDRAW's lambda and beta)."""
+    return {
+        k: float(v)
+        for k, v in (scheme.last_details or {}).items()
+        if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+    }
+
+
 @dataclass
 class RoundUpdate:
     """The outcome of weighting one round: the new global parameters and what to record."""
@@ -104,13 +113,8 @@ def weigh_and_aggregate(
     if max_share is not None:
         weights = cap_weights(weights, max_share)
     new_params = scheme.aggregate(global_params, reports, weights)
-    values = {
-        k: float(v)
-        for k, v in (scheme.last_details or {}).items()
-        if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-    }
     return RoundUpdate(
         params={k: np.asarray(v) for k, v in new_params.items()},
         weights={rep.name: float(w) for rep, w in zip(reports, weights, strict=True)},
-        values=values,
+        values=scheme_values(scheme),
     )

@@ -594,11 +594,9 @@ class EncryptedGlobalModel:
             from fedweigh.rounds import cap_weights
 
             w = cap_weights(w, max_share)
-        values = {
-            k: float(v)
-            for k, v in (scheme.last_details or {}).items()
-            if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-        }
+        from fedweigh.rounds import scheme_values
+
+        values = scheme_values(scheme)
         new_clear = dict(self.clear)
         if self.clear:
             with_clear = [replace(r, params=c.clear) for r, c in zip(blind, contributions, strict=True)]
