@@ -17,7 +17,7 @@ demo: setup
 	$(VENV)/bin/fedweigh demo
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,30 +21,66 @@ TINY_CLIENT = ClientArgs(
 TINY_ROUNDS = 3
 
 
-#: Runs shared by tests in one session, by key (see :func:`cached_run`).
-_RUNS: dict[str, tuple[list[dict], Path]] = {}
-
-
 def cached_run(key: str, make_recipe, root: Path, n_clients: int) -> tuple[list[dict], Path]:
-    """Run ``make_recipe()`` in the simulator once per session per ``key`` (tests that need the same
-    run, e.g. the FedAvg method check and the parity check, share it)."""
-    if key not in _RUNS:
-        _RUNS[key] = run_recipe_in_simulator(make_recipe(), root / key, n_clients)
-    return _RUNS[key]
+    """Run ``make_recipe()`` in the simulator once per test session per ``key`` and share the result.
+
+    Tests that need the same run (e.g. the FedAvg method check and the parity check) share it, also
+    across pytest-xdist workers: ``root`` is common to all workers, a file lock makes the first
+    worker run the job while the others wait, and ``done.json`` records where the result lies.
+    """
+    from filelock import FileLock
+
+    root.mkdir(parents=True, exist_ok=True)
+    done = root / key / "done.json"
+    with FileLock(str(root / f"{key}.lock")):
+        if not done.is_file():
+            rows, app = run_recipe_in_simulator(make_recipe(), root / key, n_clients)
+            done.write_text(json.dumps({"app": str(app)}))
+        app = Path(json.loads(done.read_text())["app"])
+    return load_rows(app / "fedweigh_metrics.json"), app
 
 
-def run_recipe_in_simulator(recipe, tmp_path: Path, n_clients: int, timeout: int = 420) -> tuple[list[dict], Path]:
-    """Export ``recipe`` under tmp_path/jobs, simulate it with n clients / n threads, return (rows, app dir)."""
+def run_recipe_in_simulator(
+    recipe,
+    tmp_path: Path,
+    n_clients: int,
+    timeout: int = 420,
+    client_script: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[list[dict], Path]:
+    """Export ``recipe`` under tmp_path/jobs, simulate it with n clients / n threads, return (rows, app dir).
+
+    ``client_script`` replaces the job's client entry script (e.g. a faulty site); ``env`` adds
+    environment variables for the simulator and its clients.
+    """
     jobs = tmp_path / "jobs"
     recipe.export(str(jobs))
     job_dir = jobs / recipe.name
+    if client_script is not None:
+        entries = list(job_dir.glob("app*/custom/**/fedweigh_client.py"))
+        assert entries, f"no client entry script in {job_dir}"
+        for entry in entries:
+            shutil.copyfile(client_script, entry)
     workspace = tmp_path / "ws"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job_dir), "-w", str(workspace),
-           "-n", str(n_clients), "-t", str(n_clients)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [
+        sys.executable,
+        "-m",
+        "nvflare.cli",
+        "simulator",
+        str(job_dir),
+        "-w",
+        str(workspace),
+        "-n",
+        str(n_clients),
+        "-t",
+        str(n_clients),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
     app = find_server_app_dir(workspace)
     if proc.returncode != 0 or app is None:
         logs = "\n".join(p.read_text()[-3000:] for p in workspace.rglob("log.txt"))
-        raise AssertionError(f"simulator failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
+        raise AssertionError(
+            f"simulator failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}"
+        )
     return load_rows(app / "fedweigh_metrics.json"), app

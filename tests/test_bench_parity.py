@@ -53,7 +53,12 @@ def test_bench_matches_the_simulator(method, tmp_path, simulator):
     assert sorted(sim) == sorted(bench) == list(range(ROUNDS + 1))
     for t in range(ROUNDS + 1):
         # the same records: test_*, val_*, train_loss (rounds < T), weights and schedule values (t >= 1)
-        sim_keys = {k for k in sim[t] if not k.startswith("server_")}  # the server process's memory
+        # server-only records: the server process's memory, and which results it left out (none here)
+        sim_keys = {
+            k for k in sim[t] if not k.startswith("server_") and k not in ("excluded", "global_updated")
+        }
+        if t >= 1:
+            assert sim[t]["excluded"] == {} and sim[t]["global_updated"] is True
         assert set(bench[t]) == sim_keys, (t, set(bench[t]) ^ sim_keys)
         assert ("train_loss" in bench[t]) == (t < ROUNDS)
         assert all(k in bench[t] for k in ("test_auc", "test_gm", "test_loss", "val_auc", "val_gm"))

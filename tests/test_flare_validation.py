@@ -18,8 +18,10 @@ def _check(params=None, meta=None, required=(), limits=None):
 
 
 def test_valid_result_passes():
-    params, n, steps, scalars = _check(meta={"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 3,
-                                             "fedweigh_scalars": {"skew": 0.5}}, required=("skew",))
+    params, n, steps, scalars = _check(
+        meta={"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 3, "fedweigh_scalars": {"skew": 0.5}},
+        required=("skew",),
+    )
     assert (n, steps, scalars) == (10, 3, {"skew": 0.5})
     assert set(params) == set(REF)
 

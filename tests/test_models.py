@@ -179,5 +179,9 @@ def test_seed_makes_initial_weights_reproducible_without_touching_global_rng() -
     b = FedweighNet(num_classes=3, seed=7)
     c = FedweighNet(num_classes=3, seed=8)
     assert torch.equal(before, after)  # the global random state is untouched
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
-    assert not torch.equal(a.state_dict()["net.class_layers.out.weight"], c.state_dict()["net.class_layers.out.weight"])
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
+    assert not torch.equal(
+        a.state_dict()["net.class_layers.out.weight"], c.state_dict()["net.class_layers.out.weight"]
+    )

@@ -45,9 +45,24 @@ def test_fedavg_weights_match_stock_fedavg_after_three_rounds(tmp_path, method_r
     stock.export(str(tmp_path / "stock_jobs"))
     ws = tmp_path / "stock_ws"
     proc = subprocess.run(
-        [sys.executable, "-m", "nvflare.cli", "simulator", str(tmp_path / "stock_jobs" / "stock_fedavg"),
-         "-w", str(ws), "-n", "2", "-t", "2"],
-        capture_output=True, text=True, timeout=420, env={**os.environ}, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "nvflare.cli",
+            "simulator",
+            str(tmp_path / "stock_jobs" / "stock_fedavg"),
+            "-w",
+            str(ws),
+            "-n",
+            "2",
+            "-t",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env={**os.environ},
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stock_model = next(ws.rglob("FL_global_model.pt"))

@@ -17,7 +17,9 @@ One federation serves every check (module fixture ``poc``), in this order:
    - whole package bundled in the job (bring-your-own-code), submitted by a hospital lead through
      the FLARE API session (what the admin console does), monitored, downloaded;
    - no code in the job, for the installed and allow-listed package, with ``nvflare job submit``,
-     ``nvflare job wait`` and ``nvflare job download``.
+     ``nvflare job wait`` and ``nvflare job download``; this one also encrypts the model updates
+     (``he=True``) with the kits' contexts: the server aggregates ciphertexts and each hospital keeps
+     the decrypted global model.
 
 Expected values, by hand: every hospital trains one epoch with batch 18, so its sample count is its
 training-set size, N = (180, 270, 360) of 810. FedDRAW (beta_max 1, two rounds) gives w = N_k / N in
@@ -96,7 +98,7 @@ def _export_jobs(out: Path) -> dict[str, Path]:
     # the global label histogram, so the job starts with the secure statistics phase.
     client = ClientArgs(dataset="synthcxr", num_images=300, batch_size=18, threads=1, loss="pnb")
 
-    def feddraw(name: str, bundle: bool = False):
+    def feddraw(name: str, bundle: bool = False, he: bool = False):
         return FedDRAWRecipe(
             name=name,
             num_rounds=ROUNDS,
@@ -104,12 +106,13 @@ def _export_jobs(out: Path) -> dict[str, Path]:
             client=client,
             statistics="secure",
             bundle=bundle,
+            he=he,
         )
 
     return {
         "refused": export_recipe(feddraw("feddraw_refused"), out, site_installed=True),
         "bundle": export_recipe(feddraw("feddraw_bundle", bundle=True), out, bundle=True),
-        "installed": export_recipe(feddraw("feddraw_installed"), out, site_installed=True),
+        "installed": export_recipe(feddraw("feddraw_installed", he=True), out, site_installed=True),
     }
 
 
@@ -436,6 +439,28 @@ def test_feddraw_site_installed_job_with_nvflare_job_submit(poc):
         {s: n / total for s, n in TRAIN_SIZES.items()}, abs=1e-12
     )
     assert _weights(job["rows"], 2) == pytest.approx({s: 1 / 3 for s in HOSPITALS}, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_he_model_updates_with_the_kits_contexts(poc):
+    from fedweigh.flare.client import HE_SITE_MODEL_FILE
+
+    job = poc.jobs["installed"]
+    _assert_completed(job)
+    # the server aggregated ciphertexts: it holds no plaintext global model, each hospital the decrypted one
+    assert not (job["server_app"] / "FL_global_model.pt").exists()
+    assert not (job["server_app"] / "fedweigh_global.npz").exists()
+    models = {}
+    for site in HOSPITALS:
+        found = list((poc.prod / site).rglob(HE_SITE_MODEL_FILE.format(job_id=job["job_id"])))
+        assert len(found) == 1, (site, found)
+        with np.load(found[0]) as z:
+            models[site] = {k: z[k] for k in z.files}
+    first, *others = models.values()
+    for other in others:  # every hospital decrypted the same global model
+        assert other.keys() == first.keys()
+        assert max(float(np.max(np.abs(other[k] - first[k]))) for k in first) < 1e-3
+    assert all(np.isfinite(v).all() for v in first.values())
 
 
 @pytest.mark.slow

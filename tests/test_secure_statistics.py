@@ -268,7 +268,7 @@ def test_statistics_phase_secure_end_to_end(keys_from_env, tmp_path, monkeypatch
     received: list[FLModel] = []
 
     class Controller:
-        def send_model_and_wait(self, task_name, data, targets, **kwargs):
+        def ask_sites(self, task_name, data, targets, min_responses):
             results = []
             for site in targets:
                 result = answer_statistics_task(

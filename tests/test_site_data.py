@@ -9,8 +9,16 @@ from fedweigh.site import ClientArgs, parse_args
 
 
 def test_client_args_round_trip_through_the_command_line():
-    args = ClientArgs(dataset="chestmnist", scenario="label-a0.5", data_path="/d/x.npz", size=64,
-                      loss="pnb", loss_options={"mu": 4}, max_steps=3, eval_test=False)
+    args = ClientArgs(
+        dataset="chestmnist",
+        scenario="label-a0.5",
+        data_path="/d/x.npz",
+        size=64,
+        loss="pnb",
+        loss_options={"mu": 4},
+        max_steps=3,
+        eval_test=False,
+    )
     import shlex
 
     assert parse_args(shlex.split(args.to_argv())) == args
@@ -37,8 +45,13 @@ def test_site_config_env_must_exist(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "content, message",
-    [("{not json", "not valid JSON"), ('{"data_path": "/x"}', "dataset"), ('{"dataset": "x", "size2": 1}', "size2"),
-     ("[1]", "JSON object"), ('{"dataset": "x", "val_fraction": 1.5}', "val_fraction")],
+    [
+        ("{not json", "not valid JSON"),
+        ('{"data_path": "/x"}', "dataset"),
+        ('{"dataset": "x", "size2": 1}', "size2"),
+        ("[1]", "JSON object"),
+        ('{"dataset": "x", "val_fraction": 1.5}', "val_fraction"),
+    ],
 )
 def test_bad_site_config_names_file_and_field(tmp_path, content, message):
     path = tmp_path / "fedweigh_site.json"
@@ -49,7 +62,9 @@ def test_bad_site_config_names_file_and_field(tmp_path, content, message):
 
 
 def test_train_val_split_is_disjoint_and_deterministic():
-    data = LabeledImages(np.zeros((50, 1, 4, 4), np.float32), np.arange(50) % 3, ("a", "b", "c"), "multiclass")
+    data = LabeledImages(
+        np.zeros((50, 1, 4, 4), np.float32), np.arange(50) % 3, ("a", "b", "c"), "multiclass"
+    )
     data.images[:, 0, 0, 0] = np.arange(50)
     tr, va = split_train_val(data, 0.2, seed=1)
     tr2, va2 = split_train_val(data, 0.2, seed=1)

@@ -82,7 +82,9 @@ class FedweighController(ModelController):
         statistics: label-statistics exchange before training: ``"none"``, ``"plain"`` or ``"secure"``.
         loss_needs_global_stats: run the statistics phase even if the scheme does not need it
             (losses such as PNB or DAFL use the global histogram).
-        train_timeout: seconds to wait for training results (0 = wait for all sampled sites).
+        train_timeout: seconds to wait for a task's results (training, statistics, final
+            validation); a site that has not answered by then is left out of that task. 0: wait for
+            every site.
         evaluate_final: send a ``validate`` task with the final global model.
         seed: seed of the site sampling.
         resume_from: folder holding ``fedweigh_state.json`` of an earlier run to continue.
@@ -120,7 +122,9 @@ class FedweighController(ModelController):
         max_share: float | None = None,
         stop_after: int | None = None,
     ):
-        super().__init__(persistor_id=persistor_id)
+        # resilient mode: a failed site's error result is logged and left out, never a panic; the
+        # round then stands or falls on min_clients (see run())
+        super().__init__(persistor_id=persistor_id, ignore_result_error=True)
         from fedweigh.weighting import get_scheme
 
         if num_rounds < 1:
@@ -166,6 +170,21 @@ class FedweighController(ModelController):
             check_he_scheme(self._scheme)  # fails at job creation, naming the scheme and the reason
 
     # -- helpers -------------------------------------------------------------------------------
+    def ask_sites(
+        self, task_name: str, data: FLModel, targets: list[str], min_responses: int
+    ) -> list[FLModel]:
+        """Send a task and wait for the results: for every target, or, with ``train_timeout``, for
+        every target up to that many seconds (then go on with what came; a site that failed or did
+        not answer is missing from the list)."""
+        return self.broadcast_model(
+            task_name=task_name,
+            data=data,
+            targets=targets,
+            min_responses=min_responses if self.train_timeout else None,
+            timeout=self.train_timeout,
+            wait_time_after_min_received=self.train_timeout,
+        )
+
     def _out_dir(self) -> Path:
         return Path(self.get_app_dir())
 
@@ -309,14 +328,9 @@ class FedweighController(ModelController):
                 total_rounds=self.num_rounds,
                 meta=task_meta,
             )
-            results = self.send_model_and_wait(
-                task_name=TASK_TRAIN,
-                data=task_model,
-                targets=targets,
-                min_responses=self.min_clients if self.train_timeout else None,
-                timeout=self.train_timeout,
-            )
+            results = self.ask_sites(TASK_TRAIN, task_model, targets, self.min_clients)
             reports, valid_results, contributions = [], [], []
+            excluded: dict[str, str] = {}
             for r in results:
                 site = (r.meta or {}).get("client_name", "?")
                 if he_model is not None:
@@ -324,6 +338,7 @@ class FedweighController(ModelController):
                         report, contribution = self._check_he_result(he_model, r, limits)
                     except InvalidClientResult as e:
                         self.warning(f"round {t}: skipping result: {e}")
+                        excluded[site] = str(e)
                         continue
                     reports.append(report)
                     contributions.append(contribution)
@@ -335,6 +350,7 @@ class FedweighController(ModelController):
                     )
                 except InvalidClientResult as e:
                     self.warning(f"round {t}: skipping result: {e}")
+                    excluded[site] = str(e)
                     continue
                 reports.append(
                     ClientReport(
@@ -346,6 +362,11 @@ class FedweighController(ModelController):
                     )
                 )
                 valid_results.append(r)
+            answered = {(r.meta or {}).get("client_name") for r in results}
+            for site in targets:
+                if site not in answered:
+                    excluded[site] = "no result (failed, or no answer within train_timeout)"
+                    self.warning(f"round {t}: {site} sent no valid result in time; left out of this round")
             if valid_results:
                 recorder.set_metrics(t - 1, mean_metrics([r.metrics or {} for r in valid_results]))
             if len(reports) < self.min_clients:
@@ -353,6 +374,7 @@ class FedweighController(ModelController):
                     f"round {t}: {len(reports)} valid result(s), fewer than min_clients={self.min_clients}; "
                     "the global model is left unchanged"
                 )
+                recorder.set_excluded(t, excluded, updated=False)
                 recorder.flush()
                 continue
             try:
@@ -368,9 +390,11 @@ class FedweighController(ModelController):
                 self.warning(
                     f"round {t}: the scheme could not weight this round ({e}); global model unchanged"
                 )
+                recorder.set_excluded(t, excluded, updated=False)
                 recorder.flush()
                 continue
             global_params, wmap, values = update.params, update.weights, update.values
+            recorder.set_excluded(t, excluded, updated=True)
             values["round_seconds"] = time.perf_counter() - t0
             values.update(_server_memory_mb())
             recorder.set_round(t, wmap, values)
@@ -402,7 +426,7 @@ class FedweighController(ModelController):
                     current_round=self.num_rounds,
                     meta={META_HE: he_model.meta()},
                 )
-            results = self.send_model_and_wait(task_name=TASK_VALIDATE, data=final, targets=sorted(all_sites))
+            results = self.ask_sites(TASK_VALIDATE, final, sorted(all_sites), 1)
             ok = [r for r in results if r.metrics and (r.meta or {}).get(META_NUM_SAMPLES) is not None]
             if ok:
                 recorder.set_metrics(self.num_rounds, mean_metrics([r.metrics or {} for r in ok]))

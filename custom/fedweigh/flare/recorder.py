@@ -18,7 +18,8 @@ class RoundRecorder:
 
     A row: ``round`` (the global model after that many rounds; 0 = initial model), the averaged
     client metrics of that model (``test_auc``, ``val_auc``, ...), and for training rounds the
-    sites, their weights and the scheme's schedule values.
+    sites, their weights and the scheme's schedule values, the sites whose result was left out
+    (``excluded``: site -> reason) and whether the global model changed (``global_updated``).
     """
 
     def __init__(self, out_dir: str | Path, scheme: str, rows: list[dict] | None = None):
@@ -60,6 +61,13 @@ class RoundRecorder:
             for key, value in values.items():
                 tb.add_scalar(f"scheme/{key}", float(value), round_index)
 
+    def set_excluded(self, round_index: int, excluded: dict[str, str], updated: bool) -> None:
+        """Sites whose result round ``round_index`` left out, with the reason, and whether the
+        global model changed in that round."""
+        row = self._row(round_index)
+        row["excluded"] = dict(sorted(excluded.items()))
+        row["global_updated"] = bool(updated)
+
     def _row(self, round_index: int) -> dict:
         for row in self.rows:
             if row["round"] == round_index:
@@ -74,15 +82,20 @@ class RoundRecorder:
         (self.out_dir / METRICS_JSON).write_text(
             json.dumps({"scheme": self.scheme, "rounds": self.rows}, indent=1)
         )
-        scalar_keys = sorted({k for r in self.rows for k, v in r.items() if k not in ("round", "weights")})
+        scalar_keys = sorted({k for r in self.rows for k in r if k not in ("round", "weights", "excluded")})
         sites = sorted({s for r in self.rows for s in r.get("weights", {})})
         with open(self.out_dir / METRICS_CSV, "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites]])
+            writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites], "excluded_sites"])
             for r in self.rows:
                 w = r.get("weights", {})
                 writer.writerow(
-                    [r["round"], *[r.get(k, "") for k in scalar_keys], *[w.get(s, "") for s in sites]]
+                    [
+                        r["round"],
+                        *[r.get(k, "") for k in scalar_keys],
+                        *[w.get(s, "") for s in sites],
+                        ";".join(r.get("excluded", {})),
+                    ]
                 )
         if self._tb:
             self._tb.flush()

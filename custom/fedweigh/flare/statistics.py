@@ -133,7 +133,7 @@ def make_exchange(mode: str) -> StatisticsExchange:
 
 # ---------------------------------------------------------------------------------------- server
 def run_statistics_phase(controller, sites: list[str], mode: str) -> None:
-    """Run collect + distribute through ``controller.send_model_and_wait``; invalid sites are skipped."""
+    """Run collect + distribute through ``controller.ask_sites``; invalid or silent sites are skipped."""
     from nvflare.app_common.abstract.fl_model import FLModel
 
     exchange = make_exchange(mode)
@@ -141,10 +141,8 @@ def run_statistics_phase(controller, sites: list[str], mode: str) -> None:
         controller.warning(
             "label statistics travel in clear (statistics='plain'): the server sees every site's label histogram"
         )
-    results = controller.send_model_and_wait(
-        task_name=TASK_STATS,
-        data=FLModel(params={}, meta={META_STEP: "collect", META_MODE: mode}),
-        targets=sites,
+    results = controller.ask_sites(
+        TASK_STATS, FLModel(params={}, meta={META_STEP: "collect", META_MODE: mode}), sites, 1
     )
     payloads: dict[str, dict] = {}
     lengths = set()
@@ -169,10 +167,8 @@ def run_statistics_phase(controller, sites: list[str], mode: str) -> None:
             controller.warning(f"statistics: skipping {site}: {e}")
     total = exchange.sum(valid, length)
     controller.info(f"statistics ({mode}): summed contributions of {len(valid)} site(s)")
-    controller.send_model_and_wait(
-        task_name=TASK_STATS,
-        data=FLModel(params={}, meta={META_STEP: "distribute", META_MODE: mode, **total}),
-        targets=sites,
+    controller.ask_sites(
+        TASK_STATS, FLModel(params={}, meta={META_STEP: "distribute", META_MODE: mode, **total}), sites, 1
     )
 
 
