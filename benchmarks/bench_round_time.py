@@ -36,13 +36,15 @@ _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
 
 def round_starts(log: Path, pattern: str) -> list[datetime]:
-    """Timestamps of the server-log lines that mark the start of a round."""
-    out = []
+    """Timestamps of the server-log lines that match ``pattern`` (a line inside a multi-line message,
+    such as NVFlare's framed "Round N started.", takes the timestamp of the message's first line)."""
+    out, stamp = [], None
     for line in log.read_text(errors="replace").splitlines():
-        if re.search(pattern, line):
-            m = _STAMP.match(line)
-            if m:
-                out.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f"))
+        m = _STAMP.match(line)
+        if m:
+            stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        if stamp is not None and re.search(pattern, line):
+            out.append(stamp)
     return out
 
 
