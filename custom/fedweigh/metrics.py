@@ -15,6 +15,7 @@ only class present.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -86,9 +87,11 @@ def _confusion(y_ind: np.ndarray, y_pred: np.ndarray) -> dict[int, tuple[int, in
     for j in range(y_ind.shape[1]):
         mask = _valid(y_ind[:, j])
         if mask.any():
-            tn, fp, fn, tp = confusion_matrix(
-                y_ind[mask, j].astype(np.int64), y_pred[mask, j].astype(np.int64), labels=[0, 1]
-            ).ravel()
+            with warnings.catch_warnings():  # labels=[0, 1] keeps the 2x2 shape when one class is absent
+                warnings.filterwarnings("ignore", message="A single label was found", category=UserWarning)
+                tn, fp, fn, tp = confusion_matrix(
+                    y_ind[mask, j].astype(np.int64), y_pred[mask, j].astype(np.int64), labels=[0, 1]
+                ).ravel()
             out[j] = (int(tn), int(fp), int(fn), int(tp))
     return out
 

@@ -100,6 +100,9 @@ class FedweighController(ModelController):
             statistics. None: no cap.
         stop_after: end this run after that round (its state is saved; continue it with
             ``resume_from``).
+        memory_gc_rounds: every that many rounds, free the round's client results and return the
+            memory to the system (NVFlare's ``cleanup_memory``: gc.collect + malloc_trim), so the
+            server's resident memory stays flat over long runs; 0 = never.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class FedweighController(ModelController):
         he_layers: list[str] | None = None,
         max_share: float | None = None,
         stop_after: int | None = None,
+        memory_gc_rounds: int = 1,
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (see run())
@@ -151,6 +155,13 @@ class FedweighController(ModelController):
         if stop_after is not None and not 1 <= stop_after <= num_rounds:
             raise ValueError(f"stop_after must be in 1..num_rounds={num_rounds}, got {stop_after}")
         self.stop_after = stop_after
+        if (
+            isinstance(memory_gc_rounds, bool)
+            or not isinstance(memory_gc_rounds, int)
+            or memory_gc_rounds < 0
+        ):
+            raise ValueError(f"memory_gc_rounds must be an integer >= 0, got {memory_gc_rounds!r}")
+        self.memory_gc_rounds = memory_gc_rounds
         self._scheme = get_scheme(scheme, **self.scheme_args)  # fails at job creation on a bad name/option
         if self._scheme.needs_global_histogram and statistics == "none":
             raise ValueError(
@@ -395,6 +406,11 @@ class FedweighController(ModelController):
                 continue
             global_params, wmap, values = update.params, update.weights, update.values
             recorder.set_excluded(t, excluded, updated=True)
+            results = reports = valid_results = contributions = update = None  # this round's client models
+            if self.memory_gc_rounds and t % self.memory_gc_rounds == 0:
+                from nvflare.fuel.utils.memory_utils import cleanup_memory
+
+                cleanup_memory()
             values["round_seconds"] = time.perf_counter() - t0
             values.update(_server_memory_mb())
             recorder.set_round(t, wmap, values)

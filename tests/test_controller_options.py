@@ -1,0 +1,29 @@
+"""FedweighController refuses bad options at job creation, naming the option."""
+
+import pytest
+
+from fedweigh.flare.controller import FedweighController
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"num_rounds": 0}, "num_rounds"),
+        ({"sample_fraction": 0.0}, "sample_fraction"),
+        ({"statistics": "open"}, "statistics"),
+        ({"max_share": 1.5}, "max_share"),
+        ({"stop_after": 9, "num_rounds": 3}, "stop_after"),
+        ({"memory_gc_rounds": -1}, "memory_gc_rounds"),
+        ({"memory_gc_rounds": 1.5}, "memory_gc_rounds"),
+        ({"scheme": "feddisco"}, "global label histogram"),
+    ],
+)
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        FedweighController(**options)
+
+
+def test_defaults_free_memory_every_round_and_wait_for_every_site():
+    controller = FedweighController()
+    assert controller.memory_gc_rounds == 1
+    assert controller.train_timeout == 0
