@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedweigh.cli import simulator_command
 from fedweigh.flare.jobs import _job
 from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
 from fedweigh.site import ClientArgs
@@ -50,8 +51,7 @@ def round_starts(log: Path, pattern: str) -> list[datetime]:
 
 def simulate(job_root: Path, name: str, clients: int, workspace: Path) -> float:
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job_root / name), "-w", str(workspace)]
-    cmd += ["-n", str(clients), "-t", str(clients)]
+    cmd = simulator_command(job_root / name, workspace, clients)
     subprocess.run(cmd, check=True, capture_output=True)
     return time.perf_counter() - t0
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from fedweigh.cli import simulator_command
 from fedweigh.flare.jobs import _job
 from fedweigh.flare.recorder import load_rows
 from fedweigh.site import ClientArgs
@@ -43,8 +43,7 @@ def main() -> None:
         tmp = Path(tmp)
         recipe.export(str(tmp / "jobs"))
         t0 = time.perf_counter()
-        cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(tmp / "jobs" / recipe.name)]
-        cmd += ["-w", str(tmp / "ws"), "-n", str(args.sites), "-t", str(args.sites)]
+        cmd = simulator_command(tmp / "jobs" / recipe.name, tmp / "ws", args.sites)
         subprocess.run(cmd, check=True, capture_output=True)
         wall = time.perf_counter() - t0
         rows = load_rows(next((tmp / "ws").rglob("fedweigh_metrics.json")))

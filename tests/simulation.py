@@ -6,10 +6,9 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from fedweigh.cli import find_server_app_dir
+from fedweigh.cli import find_server_app_dir, simulator_command
 from fedweigh.flare.recorder import load_rows
 from fedweigh.site import ClientArgs
 
@@ -63,19 +62,7 @@ def run_recipe_in_simulator(
             shutil.copyfile(client_script, entry)
     workspace = tmp_path / "ws"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = [
-        sys.executable,
-        "-m",
-        "nvflare.cli",
-        "simulator",
-        str(job_dir),
-        "-w",
-        str(workspace),
-        "-n",
-        str(n_clients),
-        "-t",
-        str(n_clients),
-    ]
+    cmd = simulator_command(job_dir, workspace, n_clients)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
     app = find_server_app_dir(workspace)
     if proc.returncode != 0 or app is None:

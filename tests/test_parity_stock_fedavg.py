@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 from simulation import TINY_CLIENT as CLIENT
 from simulation import TINY_ROUNDS as ROUNDS
 
+from fedweigh.cli import simulator_command
 from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
 from fedweigh.models import FedweighNet
 
@@ -45,19 +45,7 @@ def test_fedavg_weights_match_stock_fedavg_after_three_rounds(tmp_path, method_r
     stock.export(str(tmp_path / "stock_jobs"))
     ws = tmp_path / "stock_ws"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "nvflare.cli",
-            "simulator",
-            str(tmp_path / "stock_jobs" / "stock_fedavg"),
-            "-w",
-            str(ws),
-            "-n",
-            "2",
-            "-t",
-            "2",
-        ],
+        simulator_command(tmp_path / "stock_jobs" / "stock_fedavg", ws, 2),
         capture_output=True,
         text=True,
         timeout=420,

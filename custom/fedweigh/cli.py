@@ -42,21 +42,17 @@ def format_round_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def simulator_command(
+    job_dir: Path, workspace: Path, n_clients: int, threads: int | None = None
+) -> list[str]:
+    """The argv of ``nvflare simulator JOB -w WS -n N -t T`` (T defaults to N) with this interpreter."""
+    cli = [sys.executable, "-m", "nvflare.cli", "simulator", str(job_dir), "-w", str(workspace)]
+    return [*cli, "-n", str(n_clients), "-t", str(threads or n_clients)]
+
+
 def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int | None = None) -> int:
     """``nvflare simulator JOB -w WS -n N -t T`` as a child process; returns its exit code."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "nvflare.cli",
-        "simulator",
-        str(job_dir),
-        "-w",
-        str(workspace),
-        "-n",
-        str(n_clients),
-        "-t",
-        str(threads or n_clients),
-    ]
+    cmd = simulator_command(job_dir, workspace, n_clients, threads)
     print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
     return subprocess.call(cmd)
 
