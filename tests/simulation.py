@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 from fedweigh.cli import find_server_app_dir, simulator_command
 from fedweigh.flare.recorder import load_rows
 from fedweigh.site import ClientArgs
@@ -71,3 +73,12 @@ def run_recipe_in_simulator(
             f"simulator failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}"
         )
     return load_rows(app / "fedweigh_metrics.json"), app
+
+
+def saved_float_params(path: Path) -> dict[str, np.ndarray]:
+    """The floating-point tensors of a model saved by NVFlare's PyTorch persistor, as NumPy arrays."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = state.get("model", state)
+    return {k: v.numpy() for k, v in state.items() if v.is_floating_point()}

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from simulation import TINY_CLIENT, run_recipe_in_simulator
+from simulation import TINY_CLIENT, run_recipe_in_simulator, saved_float_params
 
 from fedweigh.flare.recipes import FedweighRecipe
 
@@ -56,12 +55,6 @@ def faulty_run(tmp_path_factory):
         timeout=600,
     )
     return {r["round"]: r for r in rows}, app
-
-
-def _floats(path) -> dict[str, np.ndarray]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    state = state.get("model", state)
-    return {k: v.numpy() for k, v in state.items() if v.is_floating_point()}
 
 
 @pytest.mark.slow
@@ -105,5 +98,5 @@ def test_crashing_site_is_left_out_and_the_round_completes(faulty_run):
     assert set(rows[4]["excluded"]) == {"site-2"}
     assert set(rows[4]["weights"]) == {"site-1", "site-3", "site-4"}
     assert sum(rows[4]["weights"].values()) == pytest.approx(1.0)
-    final = _floats(app / "FL_global_model.pt")
+    final = saved_float_params(app / "FL_global_model.pt")
     assert final and all(np.isfinite(v).all() for v in final.values())

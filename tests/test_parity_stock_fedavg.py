@@ -8,9 +8,9 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-import torch
 from simulation import TINY_CLIENT as CLIENT
 from simulation import TINY_ROUNDS as ROUNDS
+from simulation import saved_float_params
 
 from fedweigh.cli import simulator_command
 from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
@@ -18,12 +18,6 @@ from fedweigh.models import FedweighNet
 
 # In the tiny setting every site holds 90 training images and takes 4 steps per round, so stock
 # FedAvg's step-count weights and fedweigh's N_k / N weights are both 1/2 for two sites.
-
-
-def _float_state(path) -> dict[str, np.ndarray]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    state = state.get("model", state)
-    return {k: v.numpy() for k, v in state.items() if v.is_floating_point()}
 
 
 @pytest.mark.slow
@@ -55,7 +49,7 @@ def test_fedavg_weights_match_stock_fedavg_after_three_rounds(tmp_path, method_r
     assert proc.returncode == 0, proc.stderr[-3000:]
     stock_model = next(ws.rglob("FL_global_model.pt"))
 
-    a, b = _float_state(app / "FL_global_model.pt"), _float_state(stock_model)
+    a, b = saved_float_params(app / "FL_global_model.pt"), saved_float_params(stock_model)
     # stock FedAvg averages BatchNorm's integer step counters into floats; compare the float tensors
     b = {k: v for k, v in b.items() if not k.endswith("num_batches_tracked")}
     assert a.keys() == b.keys()

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from simulation import TINY_CLIENT, TINY_ROUNDS, run_recipe_in_simulator
+from simulation import TINY_CLIENT, TINY_ROUNDS, run_recipe_in_simulator, saved_float_params
 
 from fedweigh.flare.jobs import _job
-
-
-def _floats(path) -> dict[str, np.ndarray]:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    state = state.get("model", state)
-    return {k: v.numpy() for k, v in state.items() if v.is_floating_point()}
 
 
 @pytest.mark.slow
@@ -33,6 +26,9 @@ def test_stopped_and_resumed_feddraw_equals_uninterrupted(tmp_path, method_run):
     last_resumed = next(r for r in rows2 if r["round"] == TINY_ROUNDS)
     assert last_resumed["weights"] == pytest.approx(last_full["weights"], abs=1e-9)
     assert last_resumed["lambda"] == pytest.approx(last_full["lambda"])
-    a, b = _floats(full_app / "FL_global_model.pt"), _floats(app2 / "FL_global_model.pt")
+    a, b = (
+        saved_float_params(full_app / "FL_global_model.pt"),
+        saved_float_params(app2 / "FL_global_model.pt"),
+    )
     assert a.keys() == b.keys()
     assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a) <= 1e-6

@@ -123,6 +123,20 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     return ClientArgs(**vars(ns))
 
 
+def build_site_model(args: ClientArgs, data: LabeledImages):
+    """The model ``args`` names (arch, norm, seed), shaped for ``data`` (classes, channels, size)."""
+    from fedweigh.models import build_model
+
+    return build_model(
+        args.arch,
+        num_classes=data.num_classes,
+        in_channels=int(data.images.shape[1]),
+        img_size=int(data.images.shape[-1]),
+        norm=args.norm,
+        seed=args.seed,
+    )
+
+
 class SiteTrainer:
     """A site's data, model and loss, and the local work of one round.
 
@@ -136,8 +150,6 @@ class SiteTrainer:
     def __init__(self, site: SiteData, test: LabeledImages, args: ClientArgs, threads: int | None = None):
         import torch
 
-        from fedweigh.models import build_model
-
         self.site_name = site.name
         self.site = site
         self.test = test
@@ -145,14 +157,7 @@ class SiteTrainer:
         if threads:
             torch.set_num_threads(threads)
         train: LabeledImages = site.train
-        self.model = build_model(
-            args.arch,
-            num_classes=train.num_classes,
-            in_channels=int(train.images.shape[1]),
-            img_size=int(train.images.shape[-1]),
-            norm=args.norm,
-            seed=args.seed,
-        )
+        self.model = build_site_model(args, train)
         self.class_counts = train.label_histogram()
         #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
         self.global_stats: dict | None = None

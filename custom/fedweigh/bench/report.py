@@ -24,13 +24,7 @@ SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
 PLOTS_DIR = "plots"
 
-#: results.csv columns: one row per (scenario, method, seed, round); test metrics unprefixed.
-RESULT_COLUMNS: tuple[str, ...] = (
-    "dataset",
-    "scenario",
-    "method",
-    "seed",
-    "round",
+_TEST_METRICS = (
     "auc",
     "gm",
     "loss",
@@ -40,6 +34,16 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "specificity",
     "accuracy",
     "balanced_accuracy",
+)
+
+#: results.csv columns: one row per (scenario, method, seed, round); test metrics unprefixed.
+RESULT_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "scenario",
+    "method",
+    "seed",
+    "round",
+    *_TEST_METRICS,
     "val_auc",
     "val_gm",
     "train_loss",
@@ -66,17 +70,6 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "wall_seconds",
 )
 
-_TEST_METRICS = (
-    "auc",
-    "gm",
-    "loss",
-    "precision",
-    "recall",
-    "f1",
-    "specificity",
-    "accuracy",
-    "balanced_accuracy",
-)
 _OTHER_KEYS = ("val_auc", "val_gm", "train_loss", "round_seconds")
 
 

@@ -292,19 +292,12 @@ class _TestScorer:
     """
 
     def __init__(self, args: ClientArgs, test: LabeledImages, val: LabeledImages, threshold: str):
-        from fedweigh.models import build_model
+        from fedweigh.site import build_site_model
 
         self.test = test
         self.val = val
         self.threshold = threshold
-        self.model = build_model(
-            args.arch,
-            num_classes=test.num_classes,
-            in_channels=int(test.images.shape[1]),
-            img_size=int(test.images.shape[-1]),
-            norm=args.norm,
-            seed=args.seed,
-        )
+        self.model = build_site_model(args, test)
 
     def initial_params(self) -> dict[str, np.ndarray]:
         """theta_g^0: the model built from the seed, as the NVFlare persistor builds FedweighNet(seed=...)."""
