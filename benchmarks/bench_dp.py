@@ -4,7 +4,7 @@ Model: the compact MONAI DenseNet (``densenet_compact``) with GroupNorm (DP-SGD 
 BatchNorm), 32 px single-channel images, 14 findings, batch 32, Adam, one epoch of N images
 (N / 32 steps). Plain epoch: :func:`fedweigh.train.train_local` on the same GroupNorm model (and,
 for reference, on the BatchNorm model a non-DP job uses). DP epoch: a whole
-:meth:`fedweigh.privacy.DPSGD.train_round` (Poisson sampling, clipping, noise, accounting) with
+:meth:`fedweigh.secure.dp_sgd.DPSGD.train_round` (Poisson sampling, clipping, noise, accounting) with
 sigma = 1, for each mode:
 
 - ``fast``: fedweigh's layer hooks (no batch weight gradients, per-sample im2col products);
@@ -19,7 +19,7 @@ and of process CPU time. Target: DP epoch / plain epoch <= 2, on the CPU time of
 the per-round accounting (one RDP epsilon evaluation, whatever the number of steps) is timed and
 printed separately.
 
-Second part: how much Gaussian noise on the label statistics (:func:`fedweigh.privacy.privatize_histogram`)
+Second part: how much Gaussian noise on the label statistics (:func:`fedweigh.secure.gaussian.privatize_histogram`)
 moves the aggregation weights of the schemes that use them (CBR/FedBB skew, DAFL inverse imbalance,
 FedDisco discrepancy) on a 16-site, 14-finding federation (site sizes 200-5000, prevalences drawn per
 site), for several epsilons (delta 1e-5): mean over 200 draws of the L1 distance between the weight
@@ -46,8 +46,13 @@ import torch  # noqa: E402
 
 from fedweigh.data.base import CHEST_FINDINGS, LabeledImages  # noqa: E402
 from fedweigh.models import build_model  # noqa: E402
-from fedweigh.privacy import DPSGD, DPConfig, clipped_mean_gradient, epsilon_for  # noqa: E402
+from fedweigh.secure.accountant import epsilon_for  # noqa: E402
+from fedweigh.secure.dp_config import DPConfig, StatsDPConfig  # noqa: E402
+from fedweigh.secure.dp_sgd import DPSGD  # noqa: E402
+from fedweigh.secure.gaussian import privatize_histogram  # noqa: E402
+from fedweigh.secure.grad_sample import clipped_mean_gradient  # noqa: E402
 from fedweigh.train import TrainConfig, train_local  # noqa: E402
+from fedweigh.weighting import ClientReport, get_scheme  # noqa: E402
 
 TARGET_RATIO = 2.0
 MODES = ("fast", "hooks", "functorch", "ghost")
@@ -83,9 +88,6 @@ def check_modes(size: int, batch: int) -> dict[str, float]:
 
 def stats_noise_effect(epsilons: list[float], draws: int = 200, sites: int = 16, seed: int = 0) -> None:
     """Print how much noised label statistics move CBR, DAFL and FedDisco weights (L1 and max change)."""
-    from fedweigh.privacy import StatsDPConfig, privatize_histogram
-    from fedweigh.weighting import ClientReport, get_scheme
-
     rng = np.random.default_rng(seed)
     sizes = rng.integers(200, 5001, size=sites)
     base = rng.uniform(0.01, 0.3, size=len(CHEST_FINDINGS))

@@ -5,11 +5,11 @@ epoch). Everything runs in this process, one site after another, with the code t
 and controller run:
 
 - plaintext round: each site's ``SiteTrainer.run_round`` (evaluate + local training), then the
-  server's ``weigh_and_aggregate``;
+  server's round step (``RoundStep`` with the plaintext backend);
 - HE round (the global model already encrypted, i.e. round >= 2): each site decrypts the global
   model (``decode_global``), trains (the same training, timed once above), encrypts its update
   (``encode_update``); the server checks the ciphertexts and forms Enc(theta_g) + sum_k w_k
-  Enc(Delta_k) (``EncryptedGlobalModel.check_result`` + ``aggregate``).
+  Enc(Delta_k) (``EncryptedGlobalModel.check_params`` + ``weigh`` + ``aggregate``).
 
 Times are CPU seconds of this process (``--wall``: wall clock), robust to other work on a shared
 machine. Round wall time of a federation whose sites work in parallel:
@@ -38,8 +38,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from fedweigh.secure import context_from_bytes, make_context, serialize_context
-from fedweigh.secure_updates import EncryptedContribution, EncryptedGlobalModel, decode_global, encode_update
+from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
+from fedweigh.secure.updates import EncryptedContribution, EncryptedGlobalModel, decode_global, encode_update
 from fedweigh.weighting import ClientReport, get_scheme
 
 TARGET_RATIO = 2.7
@@ -84,7 +84,7 @@ def part1(args: argparse.Namespace) -> None:
     from fedweigh.data import build_federation
     from fedweigh.flare.recipes import ModelSpec
     from fedweigh.models import FedweighNet
-    from fedweigh.rounds import client_plan, weigh_and_aggregate
+    from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
     from fedweigh.site import ClientArgs, SiteTrainer
     from fedweigh.train import get_params
 
@@ -102,7 +102,7 @@ def part1(args: argparse.Namespace) -> None:
     g0 = get_params(FedweighNet(**asdict(ModelSpec(seed=client.seed))))
     scheme_name = "feddraw"
     scheme = get_scheme(scheme_name)
-    plan = client_plan(scheme_name, {}, scheme)
+    plan = RoundStep(scheme, PlaintextBackend(g0), num_rounds=5).plan(scheme_name, {})
 
     train_s, outs = [], []
     for tr in trainers:
@@ -113,8 +113,21 @@ def part1(args: argparse.Namespace) -> None:
         ClientReport(tr.site_name, o.num_samples, o.num_steps, o.scalars, o.params)
         for tr, o in zip(trainers, outs, strict=True)
     ]
+    results = [
+        ClientResult(
+            r.name,
+            r.params,
+            {
+                "num_samples": r.num_samples,
+                "NUM_STEPS_CURRENT_ROUND": r.num_steps,
+                "fedweigh_scalars": r.scalars,
+            },
+        )
+        for r in reports
+    ]
     server_plain, _ = timed(
-        lambda: weigh_and_aggregate(get_scheme(scheme_name), g0, reports, 2, 5), args.repeats
+        lambda: RoundStep(get_scheme(scheme_name), PlaintextBackend(g0), num_rounds=5).run(2, results),
+        args.repeats,
     )
     steps = [o.num_steps for o in outs]
     print(
@@ -149,14 +162,21 @@ def part1(args: argparse.Namespace) -> None:
         )
 
 
+def he_aggregate(server, scheme, reports, contributions, t: int, num_rounds: int = 5):
+    """The round step's weigh + aggregate on the CKKS backend (the server's encrypted sum)."""
+    return server.aggregate(
+        scheme, reports, contributions, server.weigh(scheme, reports, contributions, t, num_rounds)
+    )
+
+
 def measure_he(secret, public, g0, trained, reports, layers, scheme_name: str, repeats: int) -> dict:
     """HE costs of one round that starts from an encrypted global model (round >= 2)."""
     server = EncryptedGlobalModel(public, g0, layers)
     blind = [ClientReport(r.name, r.num_samples, r.num_steps, r.scalars) for r in reports]
     # round 1 (plaintext initial model), so that the timed round starts from an encrypted global model
     first = [encode_update(secret, p, g0, server.layout) for p in trained]
-    contributions = [server.check_result(r.name, p) for r, p in zip(blind, first, strict=True)]
-    server.aggregate(get_scheme(scheme_name), blind, contributions, 1, 5)
+    contributions = [server.check_params(r.name, p) for r, p in zip(blind, first, strict=True)]
+    he_aggregate(server, get_scheme(scheme_name), blind, contributions, 1)
     meta, received = server.meta(), server.task_params()
 
     dec_s, (global_params, layout) = timed(lambda: decode_global(secret, received, meta, g0), repeats)
@@ -168,8 +188,8 @@ def measure_he(secret, public, g0, trained, reports, layers, scheme_name: str, r
 
     def server_round() -> None:
         state = copy.copy(server)  # aggregate replaces attributes: every repeat starts from round 1's state
-        received = [state.check_result(r.name, p) for r, p in zip(blind, sent, strict=True)]
-        state.aggregate(get_scheme(scheme_name), blind, received, 2, 5)
+        received = [state.check_params(r.name, p) for r, p in zip(blind, sent, strict=True)]
+        he_aggregate(state, get_scheme(scheme_name), blind, received, 2)
 
     server_s, _ = timed(server_round, repeats)
     return {
@@ -219,13 +239,13 @@ def part2(args: argparse.Namespace) -> None:
     server = EncryptedGlobalModel(public, g0)
     layout = server.layout
     enc_s, sent = timed(lambda: encode_update(secret, trained, g0, layout), 1)
-    check_s, contribution = timed(lambda: server.check_result("site-1", sent), 1)
-    server.aggregate(get_scheme("fedavg"), [ClientReport("site-1", 100)], [contribution], 1, 5)
+    check_s, contribution = timed(lambda: server.check_params("site-1", sent), 1)
+    he_aggregate(server, get_scheme("fedavg"), [ClientReport("site-1", 100)], [contribution], 1)
     received, meta = server.task_params(), server.meta()  # the global model is now encrypted
 
     reports = [ClientReport(f"site-{i + 1}", 100) for i in range(args.sites)]
     same = [EncryptedContribution(r.name, contribution.update, contribution.clear) for r in reports]
-    agg_s, _ = timed(lambda: copy.copy(server).aggregate(get_scheme("fedavg"), reports, same, 2, 5), 1)
+    agg_s, _ = timed(lambda: he_aggregate(copy.copy(server), get_scheme("fedavg"), reports, same, 2), 1)
     dec_s, _ = timed(lambda: decode_global(secret, received, meta, g0), 1)
     server_s = args.sites * check_s + agg_s
     print(

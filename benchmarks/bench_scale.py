@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fedweigh.cli import simulator_command
 from fedweigh.flare.jobs import _job
-from fedweigh.flare.recorder import load_rows
+from fedweigh.records import load_rows
 from fedweigh.site import ClientArgs
 
 

@@ -19,15 +19,16 @@ import time
 
 import numpy as np
 
-from fedweigh.flare.secure_statistics import SecureExchange
-from fedweigh.flare.statistics import decode_sum, statistics_vector
-from fedweigh.secure import (
+from fedweigh.flare.keys import role_context_provider
+from fedweigh.label_stats import decode_sum, statistics_vector
+from fedweigh.secure.contexts import (
     CLIENT_CONTEXT_FILE,
     CONTEXT_DIR_ENV,
     SERVER_CONTEXT_FILE,
     load_context,
     save_context_files,
 )
+from fedweigh.secure.exchange import META_CIPHERTEXT, SecureExchange
 
 TARGET_S = 2.0
 NUM_CLASSES = 14
@@ -36,10 +37,11 @@ NUM_CLASSES = 14
 def run_phase(vectors: list[np.ndarray]) -> dict[str, float]:
     """One statistics phase; returns seconds per step and the payload size."""
     length = vectors[0].size
-    clients = [SecureExchange() for _ in vectors]
+    provider = role_context_provider()  # the keys named by CONTEXT_DIR_ENV, as an NVFlare process finds them
+    clients = [SecureExchange(provider) for _ in vectors]
     for c in clients:  # contexts loaded before timing (once per process in a real run)
         c._context("client")
-    server = SecureExchange()
+    server = SecureExchange(provider)
     server._context("server")
 
     t0 = time.perf_counter()
@@ -62,7 +64,7 @@ def run_phase(vectors: list[np.ndarray]) -> dict[str, float]:
         "check+sum": t2 - t1,
         "decrypt": t3 - t2,
         "total": t3 - t0,
-        "payload_kb": len(next(iter(payloads.values()))["fedweigh_stats_ciphertext"]) / 1024,
+        "payload_kb": len(next(iter(payloads.values()))[META_CIPHERTEXT]) / 1024,
     }
 
 

@@ -20,7 +20,7 @@ import nvflare.client as flare
 from nvflare.client.api import get_context
 
 from fedweigh.flare.client import main
-from fedweigh.flare.constants import META_NUM_SAMPLES, TASK_TRAIN
+from fedweigh.protocol import META_NUM_SAMPLES, TASK_TRAIN
 
 FAULTS: dict = json.loads(os.environ.get("FEDWEIGH_TEST_FAULTS", "{}"))
 SILENT_S = float(os.environ.get("FEDWEIGH_TEST_SILENT_S", "30"))

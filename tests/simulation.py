@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fedweigh.cli import find_server_app_dir, simulator_command
-from fedweigh.flare.recorder import load_rows
+from fedweigh.records import load_rows
 from fedweigh.site import ClientArgs
 
 #: The tiny SynthCXR setting of the simulator tests: iid-4 over 400 images gives every site 90 training

@@ -2,7 +2,7 @@
 the plaintext path's global model within CKKS tolerance.
 
 The plaintext reference is the same core code the controller and the client script run
-(:class:`fedweigh.site.SiteTrainer` + :func:`fedweigh.rounds.weigh_and_aggregate`), in this process;
+(:class:`fedweigh.site.SiteTrainer` + :class:`fedweigh.rounds.RoundStep`), in this process;
 with one torch thread it reproduces a plaintext simulator run bit for bit (checked for FedAvg and
 FedBB). The HE run differs from it by the CKKS noise of round 1's aggregate (about 1e-7) as
 amplified by round 2's local training, plus round 2's own CKKS noise. Local training therefore uses
@@ -15,6 +15,8 @@ the comparison whatever the aggregation does.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -22,8 +24,6 @@ import pytest
 
 from fedweigh.flare import recipes
 from fedweigh.flare.client import HE_SITE_MODEL_FILE
-from fedweigh.flare.client import META_HE as CLIENT_META_HE
-from fedweigh.secure_updates import META_HE
 from fedweigh.site import ClientArgs
 
 CLIENT = ClientArgs(
@@ -88,20 +88,19 @@ def test_exported_config_names_he_only_when_asked(tmp_path):
     assert "he" not in plain["workflows"][0]["args"]  # plaintext jobs are exported exactly as before
     assert he["workflows"][0]["args"]["he"] is True
     assert he["workflows"][0]["args"]["he_layers"] == ["last:2"]
-    assert CLIENT_META_HE == META_HE  # the client script names the meta key without importing TenSEAL
 
 
 # ------------------------------------------------------------------------------------ simulator
 def plaintext_reference(scheme: str, client: ClientArgs, global_stats: bool, rounds: int):
     """(initial model, final global model, weights per round) of the plaintext path, in this process."""
+    from fedweigh.data.site_config import resolve_site_data
     from fedweigh.flare.recipes import ModelSpec
-    from fedweigh.flare.site_data import resolve_site_data
-    from fedweigh.flare.statistics import decode_sum, statistics_vector
+    from fedweigh.label_stats import decode_sum, statistics_vector
     from fedweigh.models import FedweighNet
-    from fedweigh.rounds import client_plan, weigh_and_aggregate
+    from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
     from fedweigh.site import SiteTrainer
     from fedweigh.train import get_params
-    from fedweigh.weighting import ClientReport, get_scheme
+    from fedweigh.weighting import get_scheme
 
     g = initial = get_params(FedweighNet(**asdict(ModelSpec(seed=client.seed))))
     trainers = []
@@ -112,16 +111,19 @@ def plaintext_reference(scheme: str, client: ClientArgs, global_stats: bool, rou
         total = sum(statistics_vector(t.class_counts, len(t.site.train)) for t in trainers)
         for t in trainers:
             t.global_stats = decode_sum(total).as_dict()
-    weighting, weights = get_scheme(scheme), []
+    step, weights = RoundStep(get_scheme(scheme), PlaintextBackend(g), num_rounds=rounds), []
     for t in range(1, rounds + 1):
-        plan = client_plan(scheme, {}, weighting)
-        reports = []
+        plan = step.plan(scheme, {})
+        results = []
         for tr in trainers:
             out = tr.run_round(g, t - 1, plan)
-            reports.append(
-                ClientReport(tr.site_name, out.num_samples, out.num_steps, out.scalars, out.params)
-            )
-        update = weigh_and_aggregate(weighting, g, reports, t, rounds)
+            meta = {
+                "num_samples": out.num_samples,
+                "NUM_STEPS_CURRENT_ROUND": out.num_steps,
+                "fedweigh_scalars": out.scalars,
+            }
+            results.append(ClientResult(tr.site_name, out.params, meta))
+        update = step.run(t, results)
         g = update.params
         weights.append(update.weights)
     return initial, g, weights
@@ -183,3 +185,13 @@ def test_he_run_matches_the_plaintext_path(method, scheme, rounds, options, tmp_
         assert sum(by_round[t]["weights"].values()) == pytest.approx(1.0, abs=1e-9)
     if scheme in ("cbr", "feddraw"):  # the scheme's scalars moved the weights away from FedAvg's 1/2
         assert max(abs(w - 0.5) for r in ref_weights for w in r.values()) > 0.02
+
+
+def test_plaintext_runs_do_not_load_tenseal():
+    """The client script, controller and recipes import TenSEAL only when a job uses HE or secure statistics."""
+    code = (
+        "import sys\n"
+        "import fedweigh.flare.client, fedweigh.flare.controller, fedweigh.flare.recipes, fedweigh.bench.runner\n"
+        "assert 'tenseal' not in sys.modules, sorted(m for m in sys.modules if 'tenseal' in m)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

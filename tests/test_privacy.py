@@ -17,24 +17,24 @@ from scipy.stats import norm
 
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.models import build_model
-from fedweigh.privacy import (
-    DPSGD,
-    DPConfig,
-    FastGradSampler,
-    PerSampleLoss,
-    PrivacyBudgetExhausted,
-    StatsDPConfig,
-    _dp_optimizer_class,
+from fedweigh.secure.accountant import dp_state_path
+from fedweigh.secure.dp_config import DPConfig, PrivacyBudgetExhausted, StatsDPConfig
+from fedweigh.secure.dp_sgd import DPSGD
+from fedweigh.secure.gaussian import (
     analytic_gaussian_sigma,
     classic_gaussian_sigma,
-    clipped_mean_gradient,
-    dp_state_path,
     gaussian_delta,
     gaussian_sigma,
     histogram_sensitivity,
     privatize_histogram,
-    released_histogram,
 )
+from fedweigh.secure.grad_sample import (
+    FastGradSampler,
+    PerSampleLoss,
+    clipped_mean_gradient,
+    dp_optimizer_class,
+)
+from fedweigh.secure.stats_release import HistogramReleaser
 from fedweigh.site import ClientArgs, SiteTrainer, parse_args
 from fedweigh.train import TrainConfig, default_loss, get_params, set_params, train_local
 
@@ -73,8 +73,7 @@ def test_reported_epsilon_is_the_accountants_across_rounds_and_a_relaunch(tmp_pa
     args = dp_args()
     assert args.norm == "group"  # made Opacus-compatible automatically
     site = site_data(128)  # batch 2 -> Poisson rate q = 1/64, 64 steps per epoch, capped at 2 per round
-    trainer = SiteTrainer(site, images(4, seed=2), args)
-    trainer.job_id = "job-1"
+    trainer = SiteTrainer(site, images(4, seed=2), args, job_id="job-1")
     params = get_params(trainer.model)
     q, total_rounds, steps = 1 / 64, 4, 2
     seen, sigma = [], None
@@ -90,7 +89,7 @@ def test_reported_epsilon_is_the_accountants_across_rounds_and_a_relaunch(tmp_pa
     assert 0 < seen[0] < seen[1] < seen[2] < 3.0
 
     relaunched = SiteTrainer(site, images(4, seed=2), args)  # a new client process in the same folder
-    relaunched.job_id = "job-1"
+    relaunched.job_id = "job-1"  # set after construction, as before: still names the job's files
     out = relaunched.run_round(params, 3, {"total_rounds": total_rounds})  # total_rounds via the plan
     expected = fresh_accountant_epsilon([(sigma, q, 8)], 1e-5)
     assert out.metrics["dp_epsilon"] == expected and out.metrics["dp_noise_multiplier"] == sigma
@@ -178,7 +177,7 @@ def test_clipped_gradients_agree_across_modes_and_with_the_definition(norm_kind)
 def test_fast_sampler_handles_an_empty_poisson_batch_and_rejects_unsupported_layers():
     model = build_model("densenet_compact", 3, img_size=SIZE, norm="group", seed=0)
     sampler = FastGradSampler(model)
-    optimizer = _dp_optimizer_class()(
+    optimizer = dp_optimizer_class()(
         torch.optim.SGD(model.parameters(), lr=0.1),
         noise_multiplier=0.0,
         max_grad_norm=1.0,
@@ -262,27 +261,28 @@ def test_noised_histograms_are_consistent_and_unbiased():
 
 
 def stats_trainer(job_id: str, **args) -> SimpleNamespace:
+    """What the statistics task uses of a SiteTrainer: its histogram release and site, nothing else."""
     train = images(60, classes=14, seed=4)
+    client_args = ClientArgs(**args)
+    releaser = HistogramReleaser(StatsDPConfig.from_args(client_args), "site-2", job_id)
+    class_counts = train.label_histogram()
     return SimpleNamespace(
-        args=ClientArgs(**args),
-        class_counts=train.label_histogram(),
+        args=client_args,
+        class_counts=class_counts,
         site=SimpleNamespace(train=train),
         job_id=job_id,
         site_name="site-2",
         global_stats=None,
+        releaser=releaser,
+        released_statistics=lambda: releaser.release(class_counts, len(train), train.task),
     )
 
 
 def test_statistics_task_sends_the_noised_release_once_and_reports_the_budget(tmp_path, monkeypatch):
     from nvflare.app_common.abstract.fl_model import FLModel
 
-    from fedweigh.flare.statistics import (
-        META_MODE,
-        META_STEP,
-        META_VECTOR,
-        answer_statistics_task,
-        statistics_vector,
-    )
+    from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task
+    from fedweigh.label_stats import META_VECTOR, statistics_vector
 
     monkeypatch.chdir(tmp_path)
     collect = FLModel(params={}, meta={META_STEP: "collect", META_MODE: "plain"})
@@ -297,7 +297,7 @@ def test_statistics_task_sends_the_noised_release_once_and_reports_the_budget(tm
     first = answer_statistics_task(trainer, collect)
     assert first.metrics["stats_dp_epsilon"] == 1.0 and first.metrics["stats_dp_delta"] == 1e-6
     vector = np.asarray(first.meta[META_VECTOR])
-    release = trainer.stats_release
+    release = trainer.releaser.drawn
     assert release.sigma == analytic_gaussian_sigma(1.0, 1e-6, math.sqrt(15))
     assert not np.array_equal(vector[:14], exact[:14])  # sigma ~ 18: equality has negligible probability
     # N_k c_k is derived from the noised counts (post-processing)
@@ -320,7 +320,8 @@ def test_scheme_scalars_derive_from_the_released_histogram(tmp_path, monkeypatch
     )
     params = get_params(trainer.model)
     scalars = trainer.scheme_scalars({"scheme": "dafl", "scalars": ["imbalance"]}, params, params)
-    counts, n = released_histogram(trainer)
-    assert trainer.stats_release is not None and n == trainer.stats_release.num_samples
+    released = trainer.released_statistics()
+    counts, n = released.class_counts, released.num_samples
+    assert trainer.releaser.drawn is not None and n == trainer.releaser.drawn.num_samples
     assert scalars["imbalance"] == pytest.approx(client_imbalance(counts, n))
     assert scalars["imbalance"] != pytest.approx(client_imbalance(trainer.class_counts, 40))

@@ -1,7 +1,7 @@
 import csv
 import json
 
-from fedweigh.flare.recorder import RoundRecorder, load_rows
+from fedweigh.records import RoundRecorder, load_rows
 
 
 def test_recorder_writes_json_csv_and_plots(tmp_path):

@@ -1,8 +1,15 @@
 import numpy as np
 import pytest
 
-from fedweigh.rounds import cap_weights, client_plan, mean_metrics, sample_sites, weigh_and_aggregate
-from fedweigh.weighting import ClientReport, get_scheme
+from fedweigh.rounds import (
+    ClientResult,
+    PlaintextBackend,
+    RoundStep,
+    cap_weights,
+    mean_metrics,
+    sample_sites,
+)
+from fedweigh.weighting import get_scheme
 
 
 def test_sampling_is_deterministic_sized_and_varies_by_round():
@@ -35,23 +42,35 @@ def test_cap_keeps_fednova_scale():
     assert out.sum() == pytest.approx(1.8) and out.max() == pytest.approx(0.9)
 
 
-def test_weigh_and_aggregate_with_cap_bounds_an_inflated_site():
+def _result(site: str, n: int, w: np.ndarray) -> ClientResult:
+    return ClientResult(site, {"w": w}, {"num_samples": n, "NUM_STEPS_CURRENT_ROUND": 1})
+
+
+def _round(scheme, g, results, max_share=None):
+    step = RoundStep(scheme, PlaintextBackend(g), num_rounds=3, max_share=max_share)
+    return step.run(1, results, [r.site for r in results])
+
+
+def test_round_step_with_cap_bounds_an_inflated_site():
     g = {"w": np.zeros(3, np.float32)}
-    reports = [
-        ClientReport("site-1", 1_000_000, params={"w": np.ones(3, np.float32)}),
-        ClientReport("site-2", 100, params={"w": -np.ones(3, np.float32)}),
-        ClientReport("site-3", 100, params={"w": -np.ones(3, np.float32)}),
+    results = [
+        _result("site-1", 1_000_000, np.ones(3, np.float32)),
+        _result("site-2", 100, -np.ones(3, np.float32)),
+        _result("site-3", 100, -np.ones(3, np.float32)),
     ]
     scheme = get_scheme("fedavg")
-    free = weigh_and_aggregate(scheme, g, reports, 1, 3)
-    capped = weigh_and_aggregate(scheme, g, reports, 1, 3, max_share=0.4)
+    free = _round(scheme, g, results)
+    capped = _round(scheme, g, results, max_share=0.4)
     assert free.weights["site-1"] > 0.99
     assert capped.weights["site-1"] == pytest.approx(0.4)
     assert capped.params["w"] == pytest.approx(np.full(3, 0.4 - 0.6))
 
 
 def test_plan_and_metric_means():
-    plan = client_plan("fedprox", {}, get_scheme("fedprox"))
-    assert plan["fedprox_mu"] == pytest.approx(0.001) and plan["scalars"] == []
-    assert client_plan("cbr", {"gamma": 1.0}, get_scheme("cbr", gamma=1.0))["scalars"] == ["skew"]
+    def plan(name, **options):
+        return RoundStep(get_scheme(name, **options), PlaintextBackend({}), num_rounds=1).plan(name, options)
+
+    fedprox = plan("fedprox")
+    assert fedprox["fedprox_mu"] == pytest.approx(0.001) and fedprox["scalars"] == []
+    assert plan("cbr", gamma=1.0)["scalars"] == ["skew"]
     assert mean_metrics([{"a": 1.0, "b": float("nan")}, {"a": 3.0}]) == {"a": 2.0}

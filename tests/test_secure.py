@@ -1,4 +1,4 @@
-"""Encrypted statistics sums (fedweigh.secure): exactness, key roles, simulation keys, key lookup."""
+"""Encrypted statistics sums (fedweigh.secure.contexts, fedweigh.secure.vectors): exactness, key roles, simulation keys, key lookup."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fedweigh.secure as secure
-from fedweigh.secure import (
+import fedweigh.secure.contexts as contexts
+import fedweigh.secure.vectors as vectors
+from fedweigh.secure.contexts import (
     CLIENT_CONTEXT_FILE,
     CONTEXT_DIR_ENV,
     SERVER_CONTEXT_FILE,
@@ -19,8 +20,6 @@ from fedweigh.secure import (
     SIMULATION_MARKER,
     ContextNotFoundError,
     SimulationKeysRefused,
-    decrypt_vector,
-    encrypt_vector,
     find_site_root,
     is_provisioned,
     is_public,
@@ -30,8 +29,8 @@ from fedweigh.secure import (
     make_context,
     save_context_files,
     simulation_keys,
-    sum_encrypted,
 )
+from fedweigh.secure.vectors import decrypt_vector, encrypt_vector, sum_encrypted
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +77,7 @@ def test_decrypted_sum_of_16_sites_is_exact_after_rounding(server_ctx, client_ct
 
 def test_slot_layout_splits_each_entry_at_2_pow_20():
     # x = hi * 2^20 + lo: 3 -> (0, 3); 2^20 + 5 -> (1, 5); 2.5 * 2^20 -> (2, 2^19); then the count slot
-    slots = secure._slots(np.array([3.0, 2**20 + 5.0, 2.5 * 2**20]))
+    slots = vectors._slots(np.array([3.0, 2**20 + 5.0, 2.5 * 2**20]))
     assert slots == [3.0, 5.0, 2.0**19, 0.0, 1.0, 2.0, 1.0]
 
 
@@ -180,17 +179,17 @@ def test_simulation_keys_are_created_once_marked_and_reused(tmp_path):
 
 def test_simulation_keys_race_loser_adopts_the_winners_pair(tmp_path, monkeypatch):
     """A competitor finishes between our existence check and our rename: we must use its keys."""
-    original = secure.save_context_files
+    original = contexts.save_context_files
     competitor: dict[str, bytes] = {}
 
     def save_while_competitor_wins(directory, ctx=None, *, simulation=False):
         if not competitor:
-            monkeypatch.setattr(secure, "save_context_files", original)
+            monkeypatch.setattr(contexts, "save_context_files", original)
             winner = simulation_keys(tmp_path)  # the other process, complete before our rename
             competitor["client"] = (winner / CLIENT_CONTEXT_FILE).read_bytes()
         return original(directory, ctx, simulation=simulation)
 
-    monkeypatch.setattr(secure, "save_context_files", save_while_competitor_wins)
+    monkeypatch.setattr(contexts, "save_context_files", save_while_competitor_wins)
     folder = simulation_keys(tmp_path)
     assert competitor and (folder / CLIENT_CONTEXT_FILE).read_bytes() == competitor["client"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [SIMULATION_DIR]

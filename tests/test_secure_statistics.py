@@ -12,16 +12,10 @@ import numpy as np
 import pytest
 import tenseal as ts
 
-from fedweigh.flare.secure_statistics import (
-    ENCODING,
-    META_CIPHERTEXT,
-    META_ENCODING,
-    META_LENGTH,
-    META_NUM_CONTRIBUTIONS,
-    SecureExchange,
-)
-from fedweigh.flare.statistics import decode_sum, make_exchange, statistics_vector
-from fedweigh.secure import (
+from fedweigh.flare.keys import role_context_provider
+from fedweigh.flare.statistics import make_exchange
+from fedweigh.label_stats import decode_sum, statistics_vector
+from fedweigh.secure.contexts import (
     CLIENT_CONTEXT_FILE,
     CONTEXT_DIR_ENV,
     SERVER_CONTEXT_FILE,
@@ -34,6 +28,15 @@ from fedweigh.secure import (
     save_context_files,
     simulation_keys,
 )
+from fedweigh.secure.exchange import (
+    ENCODING,
+    META_CIPHERTEXT,
+    META_ENCODING,
+    META_LENGTH,
+    META_NUM_CONTRIBUTIONS,
+    SecureExchange,
+)
+from fedweigh.secure.stats_release import ReleasedHistogram
 
 NUM_CLASSES = 14
 LENGTH = NUM_CLASSES + 2
@@ -50,6 +53,11 @@ def key_dir(tmp_path_factory) -> Path:
 def keys_from_env(key_dir, monkeypatch) -> Path:
     monkeypatch.setenv(CONTEXT_DIR_ENV, str(key_dir))
     return key_dir
+
+
+def exchange(start_dir: Path | None = None) -> SecureExchange:
+    """The secure exchange with the keys an NVFlare process in ``start_dir`` (default: cwd) would use."""
+    return SecureExchange(role_context_provider(start_dir))
 
 
 def _site_data(rng: np.random.Generator, sites: int) -> dict[str, tuple[np.ndarray, int]]:
@@ -77,14 +85,14 @@ def test_global_sum_of_16_sites_equals_the_true_sum(keys_from_env):
     rng = np.random.default_rng(3)
     data = _site_data(rng, 16)
     vectors = {site: statistics_vector(counts, n) for site, (counts, n) in data.items()}
-    payloads = {site: {META_LENGTH: LENGTH, **SecureExchange().encode(v)} for site, v in vectors.items()}
-    server = SecureExchange()
+    payloads = {site: {META_LENGTH: LENGTH, **exchange().encode(v)} for site, v in vectors.items()}
+    server = exchange()
     for site, payload in payloads.items():
         server.check(site, payload, LENGTH)
     total = server.sum(payloads, LENGTH)
     assert total[META_NUM_CONTRIBUTIONS] == 16 and total[META_LENGTH] == LENGTH
 
-    got = decode_sum(SecureExchange().decode(total))
+    got = decode_sum(exchange().decode(total))
     true = np.sum(list(vectors.values()), axis=0)
     np.testing.assert_array_equal(got.class_counts, true[:NUM_CLASSES].astype(np.int64))
     assert got.num_samples == int(true[-2])
@@ -92,14 +100,31 @@ def test_global_sum_of_16_sites_equals_the_true_sum(keys_from_env):
 
 
 def test_the_server_object_holds_only_the_public_context(keys_from_env):
-    client = SecureExchange()
+    client = exchange()
     payloads = {"site-1": client.encode(np.arange(LENGTH, dtype=float))}
-    server = SecureExchange()
+    server = exchange()
     server.check("site-1", payloads["site-1"], LENGTH)
     server.sum(payloads, LENGTH)
     assert list(server.contexts) == ["server"]
     assert not server.contexts["server"].has_secret_key() and server.contexts["server"].is_public()
     assert list(client.contexts) == ["client"] and client.contexts["client"].has_secret_key()
+
+
+def test_exchange_takes_any_context_provider(key_dir):
+    """SecureExchange needs no NVFlare: any ``role -> context`` callable serves, asked once per role."""
+    asked: list[str] = []
+    files = {"client": CLIENT_CONTEXT_FILE, "server": SERVER_CONTEXT_FILE}
+
+    def provider(role: str) -> ts.Context:
+        asked.append(role)
+        return load_context(key_dir / files[role], role=role)
+
+    client, server = SecureExchange(provider), SecureExchange(provider)
+    payload = client.encode(np.array([1.0, 2.0, 3.0]))
+    server.check("site-1", payload, 3)
+    total = server.sum({"site-1": payload, "site-2": client.encode(np.array([4.0, 5.0, 6.0]))}, 3)
+    assert client.decode(total).tolist() == [5.0, 7.0, 9.0]
+    assert asked == ["client", "server"]
 
 
 def test_server_refuses_a_context_file_with_a_secret_key(tmp_path, monkeypatch):
@@ -110,16 +135,16 @@ def test_server_refuses_a_context_file_with_a_secret_key(tmp_path, monkeypatch):
     monkeypatch.setenv(CONTEXT_DIR_ENV, str(tmp_path))
     payload = {META_LENGTH: 2, META_CIPHERTEXT: "AAAA", META_ENCODING: ENCODING}
     with pytest.raises(ValueError, match="SECRET KEY"):
-        SecureExchange().sum({"site-1": payload}, 2)
+        exchange().sum({"site-1": payload}, 2)
     with pytest.raises(ValueError, match="SECRET KEY"):
-        SecureExchange().check("site-1", payload, 2)
+        exchange().check("site-1", payload, 2)
 
 
 def test_what_the_server_receives_holds_no_plaintext_histogram(keys_from_env, key_dir):
     rng = np.random.default_rng(11)
     (counts, n) = _site_data(rng, 1)["site-1"]
     vector = statistics_vector(counts, n)
-    payload = SecureExchange().encode(vector)
+    payload = exchange().encode(vector)
 
     assert set(payload) == {META_CIPHERTEXT, META_ENCODING}
     assert payload[META_ENCODING] == ENCODING
@@ -137,9 +162,9 @@ def test_what_the_server_receives_holds_no_plaintext_histogram(keys_from_env, ke
 
 
 def test_check_names_the_site_of_a_malformed_contribution(keys_from_env):
-    server = SecureExchange()
-    good = SecureExchange().encode(np.ones(LENGTH))
-    short = SecureExchange().encode(np.ones(LENGTH - 1))
+    server = exchange()
+    good = exchange().encode(np.ones(LENGTH))
+    short = exchange().encode(np.ones(LENGTH - 1))
     cases = [
         ({META_ENCODING: ENCODING}, "site-3: .*non-empty base64"),
         ({**good, META_CIPHERTEXT: "@@not base64@@"}, "site-3: .*not valid base64"),
@@ -156,13 +181,13 @@ def test_check_names_the_site_of_a_malformed_contribution(keys_from_env):
 def test_sites_with_different_keys_get_an_error_not_a_wrong_sum(tmp_path, monkeypatch, keys_from_env):
     other = tmp_path / "other"
     save_context_files(other)
-    ours = SecureExchange().encode(np.ones(3))
+    ours = exchange().encode(np.ones(3))
     monkeypatch.setenv(CONTEXT_DIR_ENV, str(other))
-    theirs = SecureExchange().encode(np.ones(3))
+    theirs = exchange().encode(np.ones(3))
     monkeypatch.setenv(CONTEXT_DIR_ENV, str(keys_from_env))
-    total = SecureExchange().sum({"site-1": ours, "site-2": theirs}, 3)
+    total = exchange().sum({"site-1": ours, "site-2": theirs}, 3)
     with pytest.raises(ValueError, match="different keys"):
-        SecureExchange().decode(total)
+        exchange().decode(total)
 
 
 def test_simulator_workspace_gets_one_shared_simulation_pair(tmp_path, monkeypatch):
@@ -172,9 +197,9 @@ def test_simulator_workspace_gets_one_shared_simulation_pair(tmp_path, monkeypat
         (ws / site / STARTUP_FOLDER).mkdir(parents=True)
         (ws / site / SIMULATOR_JOB_FOLDER / f"app_{site}").mkdir(parents=True)
     vectors = {s: np.array([s == "site-1", 2.0, 5.0]) for s in ("site-1", "site-2")}
-    payloads = {s: SecureExchange(start_dir=ws / s).encode(v) for s, v in vectors.items()}
-    total = SecureExchange(start_dir=ws / "server").sum(payloads, 3)
-    out = SecureExchange(start_dir=ws / "site-2" / SIMULATOR_JOB_FOLDER / "app_site-2").decode(total)
+    payloads = {s: exchange(ws / s).encode(v) for s, v in vectors.items()}
+    total = exchange(ws / "server").sum(payloads, 3)
+    out = exchange(ws / "site-2" / SIMULATOR_JOB_FOLDER / "app_site-2").decode(total)
     assert out.tolist() == [1.0, 4.0, 10.0]
     assert (ws / SIMULATION_DIR / SERVER_CONTEXT_FILE).is_file()
 
@@ -186,7 +211,7 @@ def test_simulation_keys_refused_in_a_provisioned_site(tmp_path, monkeypatch):
     (site / STARTUP_FOLDER / "fed_client.json").write_text("{}")
     monkeypatch.setenv(CONTEXT_DIR_ENV, str(sim))
     with pytest.raises(SimulationKeysRefused, match="provisioned"):
-        SecureExchange(start_dir=site).encode(np.ones(3))
+        exchange(site).encode(np.ones(3))
 
 
 # ------------------------------------------------------------------------------ signed startup kits
@@ -225,25 +250,25 @@ def test_signed_kit_contexts_load_and_tampered_ones_are_refused(tmp_path, monkey
     ctx = make_context()  # one provisioning: one key pair in every kit
     server_site = _signed_kit(tmp_path / "server", "server", ctx)
     client_site = _signed_kit(tmp_path / "site-1", "client", ctx)
-    payload = SecureExchange(start_dir=client_site).encode(np.array([1.0, 2.0]))
-    total = SecureExchange(start_dir=server_site).sum({"site-1": payload, "site-2": payload}, 2)
-    assert SecureExchange(start_dir=client_site).decode(total).tolist() == [2.0, 4.0]
+    payload = exchange(client_site).encode(np.array([1.0, 2.0]))
+    total = exchange(server_site).sum({"site-1": payload, "site-2": payload}, 2)
+    assert exchange(client_site).decode(total).tolist() == [2.0, 4.0]
 
     server_file = server_site / STARTUP_FOLDER / SERVER_CONTEXT_FILE
     save_context_files(tmp_path / "forged")  # someone swaps the server's context after signing
     server_file.write_bytes((tmp_path / "forged" / SERVER_CONTEXT_FILE).read_bytes())
     with pytest.raises(PermissionError, match="invalidSignature"):
-        SecureExchange(start_dir=server_site).sum({"site-1": payload}, 2)
+        exchange(server_site).sum({"site-1": payload}, 2)
 
     client_file = client_site / STARTUP_FOLDER / CLIENT_CONTEXT_FILE
     client_file.write_bytes(client_file.read_bytes() + b"\0")
     with pytest.raises(PermissionError, match="invalidSignature"):
-        SecureExchange(start_dir=client_site).encode(np.ones(2))
+        exchange(client_site).encode(np.ones(2))
 
     signature = client_site / STARTUP_FOLDER / "signature.json"
     signature.unlink()
     with pytest.raises(PermissionError, match="notSigned"):
-        SecureExchange(start_dir=client_site).encode(np.ones(2))
+        exchange(client_site).encode(np.ones(2))
 
 
 def test_statistics_phase_secure_end_to_end(keys_from_env, tmp_path, monkeypatch):
@@ -259,6 +284,9 @@ def test_statistics_phase_secure_end_to_end(keys_from_env, tmp_path, monkeypatch
         site: SimpleNamespace(
             class_counts=counts,
             site=SimpleNamespace(train=range(n)),
+            released_statistics=lambda counts=counts, n=n: ReleasedHistogram(
+                np.asarray(counts), n, None, None
+            ),
             job_id="job",
             site_name=site,
             global_stats=None,

@@ -1,30 +1,27 @@
-"""HE model updates (fedweigh.secure_updates): encrypt -> weighted sum without secret key -> decrypt."""
+"""HE model updates (fedweigh.secure.updates): encrypt -> weighted sum without secret key -> decrypt."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedweigh.secure import context_from_bytes, make_context, serialize_context
-from fedweigh.secure_updates import (
+from fedweigh.rounds import ClientResult, RoundStep
+from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
+from fedweigh.secure.updates import (
     GLOBAL_PREFIX,
     UPDATE_PREFIX,
     EncryptedGlobalModel,
-    HEIncompatibleScheme,
     HELayout,
-    check_he_scheme,
     decode_global,
     decrypt_chunks,
     encode_update,
     encrypt_chunks,
-    has_encrypted_global,
-    he_required_scalars,
     load_chunks,
     select_encrypted_keys,
     unpack_chunks,
     weighted_sum,
 )
-from fedweigh.weighting import ClientReport, get_scheme
+from fedweigh.weighting import ClientReport, HEIncompatibleScheme, get_scheme
 
 TOL = 1e-4  # CKKS (scale 2^40) error is about 1e-7 on values ~0.1; float32 storage adds ~1e-8
 
@@ -75,8 +72,20 @@ def he_round(server: EncryptedGlobalModel, ctx, reference, sites, reports, schem
     received = server.task_params()
     global_params, layout = decode_global(ctx, received, server.meta(), reference)
     sent = {r.name: encode_update(ctx, p, global_params, layout) for r, p in zip(reports, sites, strict=True)}
-    contributions = [server.check_result(name, params) for name, params in sent.items()]
-    update = server.aggregate(scheme, reports, contributions, t, num_rounds)
+    results = [
+        ClientResult(
+            r.name,
+            sent[r.name],
+            {
+                "num_samples": r.num_samples,
+                "NUM_STEPS_CURRENT_ROUND": r.num_steps,
+                "fedweigh_scalars": r.scalars,
+            },
+        )
+        for r in reports
+    ]
+    update = RoundStep(scheme, server, num_rounds=num_rounds).run(t, results)
+    assert update.updated, update.reason
     new_global, _ = decode_global(ctx, server.task_params(), server.meta(), reference)
     return update, new_global, sent
 
@@ -141,7 +150,7 @@ def test_two_he_rounds_equal_the_plaintext_path(contexts, scheme_name, options, 
         sites = [trained(g_he, 10 * t + k, steps=k + 1) for k in range(3)]
         if scalars is None:  # the site computes FedDRAW's similarity from theta_k and theta_g
             site_scalars = [scheme.client_scalars(params=p, global_params=g_he) for p in sites]
-            assert all(set(s) == set(he_required_scalars(scheme)) == {"similarity"} for s in site_scalars)
+            assert all(set(s) == set(scheme.scalars(encrypted=True)) == {"similarity"} for s in site_scalars)
         else:
             site_scalars = scalars
         reports = [
@@ -159,7 +168,7 @@ def test_two_he_rounds_equal_the_plaintext_path(contexts, scheme_name, options, 
             clear = {k for k in payload if not k.startswith(UPDATE_PREFIX)}
             assert clear == {"bn.num_batches_tracked"}
             assert all(v.dtype == np.uint8 for k, v in payload.items() if k.startswith(UPDATE_PREFIX))
-    assert server.encrypted and has_encrypted_global(server.task_params())
+    assert server.holds_ciphertext and any(k.startswith(GLOBAL_PREFIX) for k in server.task_params())
     assert {k for k in server.task_params() if not k.startswith(GLOBAL_PREFIX)} == {"bn.num_batches_tracked"}
 
 
@@ -167,7 +176,7 @@ def test_round_one_sends_the_plaintext_initial_model(contexts):
     secret, public = contexts
     g0 = small_model()
     server = EncryptedGlobalModel(public, g0)
-    assert not server.encrypted and not has_encrypted_global(server.task_params())
+    assert not server.holds_ciphertext and not any(k.startswith(GLOBAL_PREFIX) for k in server.task_params())
     decoded, _ = decode_global(secret, server.task_params(), server.meta(), g0)
     assert max_abs_diff(decoded, g0) == 0.0
 
@@ -220,18 +229,18 @@ def test_server_rejects_malformed_results(contexts):
     good = encode_update(secret, trained(g0, 1, 1), g0, server.layout)
     short = {k: v for k, v in good.items() if k != f"{UPDATE_PREFIX}000004"}
     with pytest.raises(ValueError, match="site-x: 4 ciphertext chunk"):
-        server.check_result("site-x", short)
+        server.check_params("site-x", short)
     leaked = {**good, "fc.weight": g0["fc.weight"]}
     with pytest.raises(ValueError, match="in clear"):
-        server.check_result("site-x", leaked)
+        server.check_params("site-x", leaked)
     plain = dict(g0)
     with pytest.raises(ValueError, match="no encrypted update"):
-        server.check_result("site-x", plain)
+        server.check_params("site-x", plain)
     swapped = {**good, f"{UPDATE_PREFIX}000000": good[f"{UPDATE_PREFIX}000004"]}
     with pytest.raises(ValueError, match="chunk 0 holds 535 values, expected 4096"):
-        server.check_result("site-x", swapped)
+        server.check_params("site-x", swapped)
     with pytest.raises(ValueError, match="not a CKKS vector"):
-        server.check_result("site-x", {**good, f"{UPDATE_PREFIX}000001": np.arange(50, dtype=np.uint8)})
+        server.check_params("site-x", {**good, f"{UPDATE_PREFIX}000001": np.arange(50, dtype=np.uint8)})
 
 
 def test_a_contribution_under_another_key_is_detected_at_the_sites(contexts):
@@ -241,9 +250,10 @@ def test_a_contribution_under_another_key_is_detected_at_the_sites(contexts):
     good = encode_update(secret, trained(g0, 1, 1), g0, server.layout)
     # a site with a kit from another provisioning: the server cannot tell (same CKKS parameters) ...
     foreign = encode_update(make_context(), trained(g0, 2, 1), g0, server.layout)
-    contributions = [server.check_result("site-1", good), server.check_result("site-2", foreign)]
+    contributions = [server.check_params("site-1", good), server.check_params("site-2", foreign)]
     reports = [ClientReport(name="site-1", num_samples=10), ClientReport(name="site-2", num_samples=10)]
-    server.aggregate(get_scheme("fedavg"), reports, contributions, 1, 2)
+    fedavg = get_scheme("fedavg")
+    server.aggregate(fedavg, reports, contributions, server.weigh(fedavg, reports, contributions, 1, 2))
     assert server.meta()["check"] == pytest.approx(1.0)
     # ... but the check slot no longer decrypts to the sum of the weights
     with pytest.raises(ValueError, match="another key"):
@@ -297,10 +307,10 @@ def test_state_survives_save_and_load(contexts, tmp_path):
 )
 def test_schemes_needing_plaintext_models_are_refused(name, options, reason):
     with pytest.raises(HEIncompatibleScheme, match=reason) as info:
-        check_he_scheme(get_scheme(name, **options))
+        get_scheme(name, **options).check_he()
     assert f"scheme {name!r}" in str(info.value)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fednova", "cbr", "dafl", "feddisco", "feddraw"])
 def test_scalar_schemes_are_accepted(name):
-    check_he_scheme(get_scheme(name))
+    get_scheme(name).check_he()

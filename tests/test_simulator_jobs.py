@@ -31,3 +31,5 @@ def test_method_runs_three_rounds_in_the_simulator(method, method_run):
         assert lam == sorted(lam) and beta[-1] == pytest.approx(0.0)
     assert (app / "fedweigh_client_weights.png").stat().st_size > 1000
     assert (app / "FL_global_model.pt").is_file()
+    # the controller fires NVFlare's round events, so the job's IntimeModelSelector picks a best model
+    assert (app / "best_FL_global_model.pt").is_file()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fedweigh.data.base import LabeledImages
-from fedweigh.flare.site_data import SiteDataConfig, find_site_config, split_train_val
+from fedweigh.data.site_config import SiteDataConfig, find_site_config, split_train_val
 from fedweigh.site import ClientArgs, parse_args
 
 

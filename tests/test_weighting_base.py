@@ -70,8 +70,8 @@ def test_unknown_option_names_the_options():
 
 
 def test_declarations():
-    assert get_scheme("ida").needs_params and not get_scheme("ida").he_compatible
-    assert get_scheme("fedawa").needs_params and not get_scheme("fedawa").he_compatible
+    assert not get_scheme("ida").he_compatible
+    assert not get_scheme("fedawa").he_compatible
     assert get_scheme("feddisco").needs_global_histogram
     assert get_scheme("cbr").required_scalars == ("skew",)
     assert get_scheme("fedprox").client_mu == 0.001

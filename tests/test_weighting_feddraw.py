@@ -133,8 +133,8 @@ def test_delta_mode_by_hand_and_declarations():
     mean = np.array([0.25, 0.75])  # size-weighted mean delta
     expected = np.array([0.25, 0.75]) / np.linalg.norm(mean)
     np.testing.assert_allclose(scheme.last_details["similarity"], expected, rtol=1e-12)
-    assert scheme.needs_params and not scheme.he_compatible
-    assert not FedDRAWWeights().needs_params and FedDRAWWeights().he_compatible
+    assert not scheme.he_compatible
+    assert FedDRAWWeights().he_compatible
     assert scheme.client_scalars(class_counts=np.ones(2), num_samples=1, params=g, global_params=g) == {}
     with pytest.raises(ValueError, match="'b'.*no parameters"):
         scheme.weights([reps[0], ClientReport("b", 3)], g, 2, 4)

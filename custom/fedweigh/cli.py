@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
+
 DEFAULT_DEMO_JOB = "synthcxr_feddraw"
 
 
@@ -21,8 +23,6 @@ def _repo_jobs_dir() -> Path:
 
 def find_server_app_dir(workspace: Path) -> Path | None:
     """The simulator's server app folder (where the controller writes its metrics)."""
-    from fedweigh.flare.constants import METRICS_JSON
-
     hits = sorted(workspace.rglob(METRICS_JSON), key=lambda p: p.stat().st_mtime)
     return hits[-1].parent if hits else None
 
@@ -58,7 +58,7 @@ def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int |
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from fedweigh.flare.recorder import load_rows
+    from fedweigh.records import load_rows  # matplotlib: loaded only when a demo runs
 
     job_dir = Path(args.job) if args.job else _repo_jobs_dir() / DEFAULT_DEMO_JOB
     if not (job_dir / "meta.json").is_file():
@@ -72,8 +72,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if rc != 0 or app is None:
         print(f"error: the simulator run failed (exit code {rc}); see logs under {workspace}")
         return rc or 1
-    from fedweigh.flare.constants import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
-
     rows = load_rows(app / METRICS_JSON)
     print()
     print(f"{job_dir.name}: global model by round (simulator, {args.clients} sites, {wall:.0f} s)")

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from fedweigh.arrays import to_numpy
+
 if TYPE_CHECKING:  # torch and MONAI are imported where used, so the CLI's parser stays fast to build
     import torch
     from torch import Tensor, nn
@@ -245,7 +247,7 @@ def gradient_attention_rollout(
     heat = torch.where(
         span > 0, (heat - lo) / span.clamp(min=torch.finfo(heat.dtype).tiny), torch.zeros_like(heat)
     )
-    return heat.clamp(0.0, 1.0).cpu().numpy()
+    return to_numpy(heat.clamp(0.0, 1.0))
 
 
 # ---------------------------------------------------------------------------------------------- figure
@@ -256,7 +258,7 @@ def _probabilities(logits: Tensor, task: str) -> np.ndarray:
     import torch
 
     probs = torch.sigmoid(logits) if task == "multilabel" else torch.softmax(logits, dim=1)
-    return probs.detach().cpu().numpy()
+    return to_numpy(probs)
 
 
 def _true_names(labels: np.ndarray, task: str, class_names: Sequence[str]) -> str:

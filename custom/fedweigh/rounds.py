@@ -1,19 +1,39 @@
-"""The server's side of one federated round, without NVFlare: sampling, plan, weighting, aggregation.
+"""One federated round at the server, in one place: validate, weigh, cap, aggregate, record.
 
-:class:`~fedweigh.flare.controller.FedweighController` and the in-process benchmark both call these,
-so a simulator run and a benchmark run weight and aggregate identically.
+Every path that runs rounds calls :class:`RoundStep`: the NVFlare controller
+(:class:`~fedweigh.flare.controller.FedweighController`), the stock-FedAvg aggregator
+(:class:`~fedweigh.flare.aggregator.FedweighAggregator`), the encrypted path (its backend is
+:class:`fedweigh.secure.updates.EncryptedGlobalModel`) and the in-process benchmark. Per round t:
+
+1. validate each site's :class:`ClientResult` (N_k, local steps, the scalars the scheme asked for,
+   the parameters or ciphertexts through the backend); an invalid one is left out with its reason;
+2. w = scheme.weights(reports, theta_g^{t-1}, t, T), capped at ``max_share`` of the total per site
+   (:func:`cap_weights`);
+3. theta_g^t = backend.aggregate(...) = theta_g^{t-1} + sum_k w_k Delta_k (plaintext or CKKS);
+4. a :class:`RoundOutcome` with the weights, the scheme's values, the excluded sites and the mean of
+   the sites' metrics, which :class:`fedweigh.records.RoundRecorder` turns into the run's rows.
+
+Fewer than ``min_clients`` valid results, or a scheme that cannot weight the round, leave the
+global model unchanged (the outcome says so and why).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
+from fedweigh.arrays import Params, to_numpy_dict
+from fedweigh.validation import InvalidClientResult, ResultLimits, check_meta, check_params, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme
+
+logger = logging.getLogger("fedweigh.rounds")
 
 
 def sample_sites(
@@ -28,27 +48,11 @@ def sample_sites(
     return sorted(rng.sample(sites, k))
 
 
-def client_plan(scheme_name: str, scheme_args: Mapping, scheme: WeightingScheme) -> dict:
-    """What the server sends sites with each training task: the scheme, the scalars it needs from
-    them, and the FedProx coefficient (0 unless the scheme is FedProx)."""
-    return {
-        "scheme": scheme_name,
-        "scheme_args": dict(scheme_args),
-        "scalars": list(scheme.required_scalars),
-        "fedprox_mu": float(getattr(scheme, "client_mu", 0.0) or 0.0),
-    }
-
-
-def mean_metrics(metrics: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per key, the mean of the finite values the sites reported."""
-    keys = sorted({k for m in metrics for k in m})
-    out: dict[str, float] = {}
-    for k in keys:
-        vals = [float(m[k]) for m in metrics if k in m]
-        vals = [v for v in vals if math.isfinite(v)]
-        if vals:
-            out[k] = float(np.mean(vals))
-    return out
+def mean_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per key, the mean of the finite numeric values the sites reported (anything else is ignored)."""
+    clean = [finite_metrics(m) for m in metrics]
+    keys = sorted({k for m in clean for k in m})
+    return {k: float(np.mean([m[k] for m in clean if k in m])) for k in keys if any(k in m for m in clean)}
 
 
 def cap_weights(weights: np.ndarray, max_share: float) -> np.ndarray:
@@ -90,31 +94,249 @@ def scheme_values(scheme: WeightingScheme) -> dict[str, float]:
 
 
 @dataclass
-class RoundUpdate:
-    """The outcome of weighting one round: the new global parameters and what to record."""
+class ClientResult:
+    """One site's answer to a training task, as plain values (what NVFlare's ``FLModel`` carries).
 
-    params: dict[str, np.ndarray]
-    weights: dict[str, float]
-    values: dict[str, float]
+    meta holds ``num_samples``, ``NUM_STEPS_CURRENT_ROUND`` and ``fedweigh_scalars``
+    (:mod:`fedweigh.protocol`); params the trained parameters (plaintext) or the encrypted update.
+    """
+
+    site: str
+    params: Mapping[str, Any] | None
+    meta: Mapping[str, Any] | None
+    metrics: Mapping[str, Any] | None = None
 
 
-def weigh_and_aggregate(
-    scheme: WeightingScheme,
-    global_params: dict[str, np.ndarray],
-    reports: Sequence[ClientReport],
-    round_index: int,
-    num_rounds: int,
-    max_share: float | None = None,
-) -> RoundUpdate:
-    """theta_g^t = scheme.aggregate(theta_g^{t-1}, reports, w), w = scheme.weights(...) capped at
-    ``max_share`` of the total per site when given; ValueError if the scheme cannot weight this round
-    (the caller keeps the last good global model)."""
-    weights = np.asarray(scheme.weights(reports, global_params, round_index, num_rounds), dtype=float)
-    if max_share is not None:
-        weights = cap_weights(weights, max_share)
-    new_params = scheme.aggregate(global_params, reports, weights)
-    return RoundUpdate(
-        params={k: np.asarray(v) for k, v in new_params.items()},
-        weights={rep.name: float(w) for rep, w in zip(reports, weights, strict=True)},
-        values=scheme_values(scheme),
-    )
+class AggregationBackend(ABC):
+    """Where the global model lives and how a round's contributions are summed into it.
+
+    :class:`PlaintextBackend` holds theta_g in clear; the CKKS backend
+    (:class:`fedweigh.secure.updates.EncryptedGlobalModel`) holds it as ciphertext.
+    """
+
+    #: True when client updates are encrypted (the scheme then weights from scalars only).
+    encrypted: bool = False
+
+    @abstractmethod
+    def check_params(self, site: str, params: Mapping[str, Any] | None) -> Any:
+        """A site's checked contribution; ValueError naming the site if it does not fit the model."""
+
+    @abstractmethod
+    def weigh(
+        self,
+        scheme: WeightingScheme,
+        reports: Sequence[ClientReport],
+        contributions: Sequence[Any],
+        t: int,
+        T: int,
+    ) -> np.ndarray:
+        """The scheme's weights for this round, from what this backend may show the scheme."""
+
+    @abstractmethod
+    def aggregate(
+        self,
+        scheme: WeightingScheme,
+        reports: Sequence[ClientReport],
+        contributions: Sequence[Any],
+        weights: np.ndarray,
+    ) -> Params:
+        """theta_g += sum_k w_k Delta_k; returns the plaintext arrays the server now holds."""
+
+    @abstractmethod
+    def task_params(self) -> dict[str, Any]:
+        """The global model as it is sent to the sites."""
+
+    def task_meta(self) -> dict[str, Any]:
+        """Extra task meta the sites need to read :meth:`task_params` (default: none)."""
+        return {}
+
+
+class PlaintextBackend(AggregationBackend):
+    """theta_g in clear at the server; the scheme sees the clients' parameters and aggregates them.
+
+    ``global_params`` None (stock FedAvg before any global model is known): the first round starts
+    from the plain mean of the round's valid client models, so that deltas are defined.
+    """
+
+    encrypted = False
+
+    def __init__(self, global_params: Mapping[str, Any] | None):
+        self.global_params: Params | None = None if global_params is None else to_numpy_dict(global_params)
+        #: what results are checked against: theta_g, or the first valid result when theta_g is unknown
+        self._reference: Params | None = self.global_params
+
+    def check_params(self, site: str, params: Mapping[str, Any] | None) -> Params:
+        checked = check_params(
+            site, params, self._reference if self._reference is not None else (params or {})
+        )
+        if self._reference is None:
+            self._reference = checked
+        return checked
+
+    def _start(self, contributions: Sequence[Params]) -> Params:
+        if self.global_params is None:
+            first = contributions[0]
+            self.global_params = {k: np.mean([c[k] for c in contributions], axis=0) for k in first}
+        return self.global_params
+
+    def weigh(self, scheme, reports, contributions, t, T):
+        global_params = self._start(contributions)
+        full = [replace(r, params=c) for r, c in zip(reports, contributions, strict=True)]
+        return np.asarray(scheme.weights(full, global_params, t, T), dtype=np.float64)
+
+    def aggregate(self, scheme, reports, contributions, weights):
+        global_params = self._start(contributions)
+        full = [replace(r, params=c) for r, c in zip(reports, contributions, strict=True)]
+        new = {k: np.asarray(v) for k, v in scheme.aggregate(global_params, full, weights).items()}
+        self.global_params = self._reference = new
+        return new
+
+    def task_params(self) -> dict[str, Any]:
+        return dict(self.global_params or {})
+
+
+@dataclass
+class RoundOutcome:
+    """What one round did: which sites counted, their weights, and whether the global model changed.
+
+    ``params``: the plaintext arrays the server holds after the round (all of them in plaintext, the
+    clear ones under HE), None when the model was left unchanged.
+    """
+
+    round_index: int
+    reports: list[ClientReport] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    params: Params | None = None
+    reason: str = ""
+
+    @property
+    def updated(self) -> bool:
+        return self.params is not None
+
+
+class RoundStep:
+    """The server's side of one round: validate, weigh, cap, aggregate (module docstring).
+
+    Args:
+        scheme: the weighting scheme (keeps its own cross-round state).
+        backend: plaintext or CKKS aggregation, holding the global model.
+        num_rounds: T, for schedules.
+        min_clients: fewest valid results for the global model to change.
+        max_share: cap on any one site's share of the round's total weight (None: no cap).
+        limits: plausibility bounds on counts and scalars.
+        log: where warnings about left-out sites go (the controller passes NVFlare's logger).
+    """
+
+    def __init__(
+        self,
+        scheme: WeightingScheme,
+        backend: AggregationBackend,
+        *,
+        num_rounds: int,
+        min_clients: int = 1,
+        max_share: float | None = None,
+        limits: ResultLimits | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
+        if backend.encrypted:
+            scheme.check_he()
+        self.scheme = scheme
+        self.backend = backend
+        self.num_rounds = num_rounds
+        self.min_clients = min_clients
+        self.max_share = max_share
+        self.limits = limits or ResultLimits()
+        self.log = log or logger.warning
+
+    @property
+    def scalars(self) -> tuple[str, ...]:
+        """The scalars every client must report this round (more under HE)."""
+        return self.scheme.scalars(encrypted=self.backend.encrypted)
+
+    def plan(self, scheme_name: str, scheme_args: Mapping[str, Any]) -> dict:
+        """What the server sends sites with each training task: the scheme, the scalars it needs from
+        them, and the FedProx coefficient (0 unless the scheme is FedProx)."""
+        return {
+            "scheme": scheme_name,
+            "scheme_args": dict(scheme_args),
+            "scalars": list(self.scalars),
+            "fedprox_mu": float(self.scheme.fedprox_mu),
+        }
+
+    def validate(self, result: ClientResult) -> tuple[ClientReport, Any]:
+        """(report without parameters, checked contribution) of one result; InvalidClientResult otherwise."""
+        checked = check_meta(result.site, result.meta, self.scalars, self.limits)
+        try:
+            contribution = self.backend.check_params(result.site, result.params)
+        except InvalidClientResult:
+            raise
+        except ValueError as e:
+            raise InvalidClientResult(str(e)) from None
+        report = ClientReport(
+            name=result.site,
+            num_samples=checked.num_samples,
+            num_steps=checked.num_steps,
+            scalars=checked.scalars,
+        )
+        return report, contribution
+
+    def run(
+        self, round_index: int, results: Sequence[ClientResult], targets: Sequence[str] = ()
+    ) -> RoundOutcome:
+        """Validate, weigh, cap and aggregate one round's results (``targets``: the sites asked)."""
+        t = round_index
+        outcome = RoundOutcome(round_index=t)
+        contributions: list[Any] = []
+        valid_metrics = []
+        for result in results:
+            try:
+                report, contribution = self.validate(result)
+            except InvalidClientResult as e:
+                self.log(f"round {t}: skipping result: {e}")
+                outcome.excluded[result.site] = str(e)
+                continue
+            outcome.reports.append(report)
+            contributions.append(contribution)
+            valid_metrics.append(result.metrics or {})
+        answered = {r.site for r in results}
+        for site in targets:
+            if site not in answered:
+                outcome.excluded[site] = "no result (failed, or no answer within train_timeout)"
+                self.log(f"round {t}: {site} sent no valid result in time; left out of this round")
+        if valid_metrics:
+            outcome.metrics = mean_metrics(valid_metrics)
+        if len(outcome.reports) < self.min_clients:
+            outcome.reason = (
+                f"{len(outcome.reports)} valid result(s), fewer than min_clients={self.min_clients}"
+            )
+            self.log(f"round {t}: {outcome.reason}; the global model is left unchanged")
+            return outcome
+        try:
+            w = self.backend.weigh(self.scheme, outcome.reports, contributions, t, self.num_rounds)
+            if self.max_share is not None:
+                w = cap_weights(w, self.max_share)
+            values = scheme_values(self.scheme)
+            outcome.params = self.backend.aggregate(self.scheme, outcome.reports, contributions, w)
+        except ValueError as e:
+            outcome.reason = f"the scheme could not weight this round ({e})"
+            self.log(f"round {t}: {outcome.reason}; global model unchanged")
+            return outcome
+        outcome.weights = {r.name: float(wk) for r, wk in zip(outcome.reports, w, strict=True)}
+        outcome.values = values
+        return outcome
+
+
+__all__ = [
+    "AggregationBackend",
+    "ClientResult",
+    "PlaintextBackend",
+    "RoundOutcome",
+    "RoundStep",
+    "cap_weights",
+    "mean_metrics",
+    "sample_sites",
+    "scheme_values",
+]

@@ -12,8 +12,18 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from fedweigh.arrays import to_numpy_dict
 from fedweigh.data.base import LabeledImages, SiteData
+from fedweigh.losses import LossContext, build_loss
+from fedweigh.models import build_model
+from fedweigh.secure.accountant import dp_state_path
+from fedweigh.secure.dp_config import LOCAL_JOB_ID, DPConfig, StatsDPConfig
+from fedweigh.secure.dp_sgd import DPSGD, DPRoundReport
+from fedweigh.secure.stats_release import HistogramReleaser, ReleasedHistogram
+from fedweigh.train import TrainConfig, TrainResult, evaluate, get_params, set_params, train_local
+from fedweigh.weighting import get_scheme
 
 logger = logging.getLogger("fedweigh.site")
 
@@ -40,14 +50,14 @@ class ClientArgs:
     max_steps: int | None = None
     threads: int = 0
     eval_test: bool = True
-    #: DP-SGD (fedweigh.privacy.DPConfig): on when dp_epsilon (total over the job) or dp_noise_multiplier is set.
+    #: DP-SGD (fedweigh.secure.dp_config.DPConfig): on when dp_epsilon (total over the job) or dp_noise_multiplier is set.
     dp_epsilon: float | None = None
     dp_delta: float = 1e-5
     dp_max_grad_norm: float = 1.0
     dp_noise_multiplier: float | None = None
     dp_accountant: str = "rdp"
     dp_mode: str = "auto"
-    #: Gaussian noise on the label statistics (fedweigh.privacy.StatsDPConfig): on when stats_dp_epsilon is set.
+    #: Gaussian noise on the label statistics (fedweigh.secure.dp_config.StatsDPConfig): on when stats_dp_epsilon is set.
     stats_dp_epsilon: float | None = None
     stats_dp_delta: float = 1e-5
 
@@ -125,8 +135,6 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
 
 def build_site_model(args: ClientArgs, data: LabeledImages):
     """The model ``args`` names (arch, norm, seed), shaped for ``data`` (classes, channels, size)."""
-    from fedweigh.models import build_model
-
     return build_model(
         args.arch,
         num_classes=data.num_classes,
@@ -145,11 +153,19 @@ class SiteTrainer:
         test: the test set the global model is scored on (the global test set in simulation).
         args: model, loss and local-training settings.
         threads: torch intra-op threads for this site (None = leave torch's setting).
+        job_id: the NVFlare job this trainer serves; names the per-job files of the site (DP-SGD
+            account, released label statistics). The default, ``"local"`` (in-process runs), keeps
+            them in memory only.
     """
 
-    def __init__(self, site: SiteData, test: LabeledImages, args: ClientArgs, threads: int | None = None):
-        import torch
-
+    def __init__(
+        self,
+        site: SiteData,
+        test: LabeledImages,
+        args: ClientArgs,
+        threads: int | None = None,
+        job_id: str = LOCAL_JOB_ID,
+    ):
         self.site_name = site.name
         self.site = site
         self.test = test
@@ -161,8 +177,11 @@ class SiteTrainer:
         self.class_counts = train.label_histogram()
         #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
         self.global_stats: dict | None = None
-        #: The NVFlare job this trainer serves (names the per-job cache of global statistics).
-        self.job_id = "local"
+        #: The once-per-job release of this site's label histogram (noised when statistics DP is on).
+        self.releaser = HistogramReleaser(StatsDPConfig.from_args(args), self.site_name, job_id)
+        #: DP-SGD across the rounds of the job (built on the first DP round), and what the last round spent.
+        self.dp_sgd: DPSGD | None = None
+        self.dp_report: DPRoundReport | None = None
         logger.info(
             "%s: %d train / %d val images, %d test, %d classes",
             site.name,
@@ -172,12 +191,29 @@ class SiteTrainer:
             train.num_classes,
         )
 
+    @property
+    def job_id(self) -> str:
+        """The NVFlare job this trainer serves (names the per-job files and caches of the site)."""
+        return self.releaser.job_id
+
+    @job_id.setter
+    def job_id(self, value: str) -> None:
+        if str(value) != self.releaser.job_id:  # another job: its own release, drawn afresh
+            self.releaser = HistogramReleaser(self.releaser.config, self.site_name, str(value))
+
+    def released_statistics(self) -> ReleasedHistogram:
+        """What this site may reveal of its label histogram: exact, or this job's one noised release.
+
+        Used by the statistics phase and for the scheme's client scalars (post-processing of the
+        same release, so no further budget is spent).
+        """
+        train = self.site.train
+        return self.releaser.release(self.class_counts, len(train), train.task)
+
     def make_loss(self):
         """The configured loss, built from this site's (and, if known, the global) label statistics."""
         if self.args.loss in ("default", "bce", "ce") and not self.args.loss_options:
             return None  # the training module's default (BCE / CE)
-        from fedweigh.losses import LossContext, build_loss
-
         gs = self.global_stats or {}
         ctx = LossContext(
             task=self.site.train.task,
@@ -192,8 +228,6 @@ class SiteTrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Metrics of the current model on the local validation split (``val_*``) and the test set (``test_*``)."""
-        from fedweigh.train import evaluate
-
         metrics = {f"val_{k}": v for k, v in evaluate(self.model, self.site.val).items()}
         if self.args.eval_test:
             metrics.update({f"test_{k}": v for k, v in evaluate(self.model, self.test).items()})
@@ -201,14 +235,12 @@ class SiteTrainer:
 
     def train(
         self, global_params: dict | None, fedprox_mu: float, round_seed: int, total_rounds: int | None = None
-    ):
-        """Local training of one round; with DP-SGD on (``args.dp_*``) through :class:`fedweigh.privacy.DPSGD`.
+    ) -> TrainResult:
+        """Local training of one round; with DP-SGD on (``args.dp_*``) through :class:`fedweigh.secure.dp_sgd.DPSGD`.
 
         Under DP-SGD the epsilon spent so far is kept in ``self.dp_report`` (None otherwise), and
         ``total_rounds`` (the job's planned rounds) spreads a target epsilon over the whole job.
         """
-        from fedweigh.train import TrainConfig, train_local
-
         cfg = TrainConfig(
             epochs=self.args.epochs,
             batch_size=self.args.batch_size,
@@ -218,36 +250,28 @@ class SiteTrainer:
             fedprox_mu=fedprox_mu,
             seed=round_seed,
         )
-        from fedweigh.privacy import DPConfig
-
         dp_config = DPConfig.from_args(self.args)
         self.dp_report = None
         if dp_config is None:
             return train_local(
                 self.model, self.site.train, cfg, loss_fn=self.make_loss(), global_params=global_params
             )
-        from fedweigh.privacy import DPSGD, LOCAL_JOB_ID, dp_state_path
-
-        dp = getattr(self, "_dp", None)
-        if dp is None or dp.config != dp_config:
+        if self.dp_sgd is None or self.dp_sgd.config != dp_config:
             path = None if self.job_id == LOCAL_JOB_ID else dp_state_path(self.job_id, self.site_name)
-            dp = self._dp = DPSGD(dp_config, path, site_name=self.site_name)
-        result, self.dp_report = dp.train_round(
+            self.dp_sgd = DPSGD(dp_config, path, site_name=self.site_name)
+        result, self.dp_report = self.dp_sgd.train_round(
             self.model, self.site.train, cfg, self.make_loss(), global_params, total_rounds=total_rounds
         )
         return result
 
     def scheme_scalars(self, plan: dict, params: dict, global_params: dict) -> dict[str, float]:
         """The scalars the server's scheme asked for, computed here by the scheme's own code."""
-        from fedweigh.privacy import released_histogram
-        from fedweigh.weighting import get_scheme
-
         scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
         gs = self.global_stats or {}
-        counts, num_samples = released_histogram(self)  # the noised release when statistics DP is on
+        release = self.released_statistics()  # the noised release when statistics DP is on
         scalars = scheme.client_scalars(
-            class_counts=np.asarray(counts),
-            num_samples=num_samples,
+            class_counts=np.asarray(release.class_counts),
+            num_samples=release.num_samples,
             global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
             global_num_samples=gs.get("num_samples"),
             params=params,
@@ -266,17 +290,10 @@ class SiteTrainer:
         rounds, NVFlare's ``FLModel.total_rounds``; or ``plan["total_rounds"]``) is needed by DP-SGD with
         a target epsilon; under DP-SGD the metrics carry ``dp_epsilon``, the epsilon spent so far.
         """
-        import torch
-
-        from fedweigh.train import get_params, set_params
-
         plan = plan or {}
         set_params(self.model, global_params)
         metrics = self.evaluate()
-        global_np = {
-            k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
-            for k, v in global_params.items()
-        }
+        global_np = to_numpy_dict(global_params)
         mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
         prox = {k: torch.as_tensor(v) for k, v in global_np.items()} if mu > 0 else None
         if total_rounds is None:
@@ -293,7 +310,7 @@ class SiteTrainer:
             metrics={
                 **metrics,
                 "train_loss": result.mean_loss,
-                **(self.dp_report.metrics() if getattr(self, "dp_report", None) else {}),
+                **(self.dp_report.metrics() if self.dp_report is not None else {}),
             },
             scalars=scalars,
         )

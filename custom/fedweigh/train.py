@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fedweigh.arrays import to_numpy
 from fedweigh.data.base import LabeledImages
 from fedweigh.metrics import evaluate_scores
 
@@ -348,7 +349,7 @@ def _logits(
 
 def _probabilities(task: str, logits: torch.Tensor) -> np.ndarray:
     probs = torch.sigmoid(logits) if task == "multilabel" else torch.softmax(logits, dim=1)
-    return probs.numpy().astype(np.float32)
+    return to_numpy(probs).astype(np.float32)
 
 
 @torch.no_grad()
@@ -378,7 +379,7 @@ def evaluate(
 
 def get_params(model: nn.Module) -> dict[str, np.ndarray]:
     """A copy of the model's ``state_dict`` as NumPy arrays (buffers included, Opacus wrapper removed)."""
-    return {k: v.detach().cpu().numpy().copy() for k, v in _unwrap(model).state_dict().items()}
+    return {k: to_numpy(v).copy() for k, v in _unwrap(model).state_dict().items()}
 
 
 def set_params(

@@ -12,13 +12,6 @@ code the NVFlare client and controller run. Outputs are described in :mod:`fedwe
 
 from __future__ import annotations
 
-from fedweigh.bench.methods import (
-    ALL_METHODS,
-    FEDERATED_METHODS,
-    REFERENCE_METHODS,
-    MethodSpec,
-    parse_method,
-)
 from fedweigh.bench.profiles import PROFILES, Profile, get_profile
 from fedweigh.bench.runner import (
     BenchConfig,
@@ -28,6 +21,13 @@ from fedweigh.bench.runner import (
     make_config,
     run_bench,
     run_cell,
+)
+from fedweigh.methods import (
+    ALL_METHODS,
+    FEDERATED_METHODS,
+    REFERENCE_METHODS,
+    MethodSpec,
+    parse_method,
 )
 
 __all__ = [

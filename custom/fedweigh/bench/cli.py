@@ -8,9 +8,9 @@ import json
 
 def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``bench`` sub-command to ``subparsers`` (``set_defaults(func=main_bench)``)."""
-    from fedweigh.bench.methods import ALL_METHODS
     from fedweigh.bench.profiles import PROFILES
     from fedweigh.data import DATASETS
+    from fedweigh.methods import ALL_METHODS
 
     p = subparsers.add_parser(
         "bench",

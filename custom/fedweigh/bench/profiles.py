@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from fedweigh.bench.methods import ALL_METHODS
+from fedweigh.data.scenarios import SCENARIOS
+from fedweigh.methods import ALL_METHODS
 from fedweigh.site import ClientArgs
 
 
 def _all_scenarios() -> tuple[str, ...]:
-    from fedweigh.data.scenarios import SCENARIOS
-
     return tuple(SCENARIOS)
 
 

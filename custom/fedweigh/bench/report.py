@@ -16,8 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedweigh.bench.methods import REFERENCE_METHODS, parse_method
+from fedweigh.bench import curves
+from fedweigh.bench import plots as bp
+from fedweigh.bench.cells import CELLS_DIR, load_cell_scores
 from fedweigh.bench.stats import Comparison, compare
+from fedweigh.methods import REFERENCE_METHODS, parse_method
+from fedweigh.plots import plot_client_weights
 
 RESULTS_CSV = "results.csv"
 SUMMARY_JSON = "summary.json"
@@ -154,11 +158,6 @@ def write_plots(
     config, records: Sequence[dict], results: pd.DataFrame, comparisons: dict, out: Path
 ) -> list[Path]:
     """Every figure under ``out/plots``; returns the written paths."""
-    from fedweigh.bench import curves
-    from fedweigh.bench import plots as bp
-    from fedweigh.bench.runner import CELLS_DIR, load_cell_scores
-    from fedweigh.plots import plot_client_weights
-
     plots = out / PLOTS_DIR
     written: list[Path] = []
     for metric, comp in comparisons.items():

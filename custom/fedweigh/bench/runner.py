@@ -2,8 +2,9 @@
 
 A federated cell does what ``nvflare simulator`` does with the method's recipe, on the same code:
 the sites are :class:`fedweigh.site.SiteTrainer` objects (the NVFlare client script drives the same
-class), and the server's side of each round is :mod:`fedweigh.rounds` (the
-:class:`~fedweigh.flare.controller.FedweighController` calls the same functions in the same order).
+class), and the server's side of each round is :class:`fedweigh.rounds.RoundStep` recorded by
+:class:`fedweigh.records.RoundRecorder` (the :class:`~fedweigh.flare.controller.FedweighController`
+calls the same step and recorder).
 Per round t = 1..T: sample sites, send theta_g^{t-1} with the scheme's plan (a site evaluates it,
 trains on it and reports), check every result as the controller does, record the mean of the sites'
 metrics on theta_g^{t-1} as row t - 1, then weight and aggregate into theta_g^t. After round T
@@ -12,8 +13,7 @@ every site evaluates theta_g^T (row T), as the controller's final ``validate`` t
 One difference that changes no number: the global test set is scored once per round on theta_g^{t-1}
 instead of once by every sampled site (each site would score the same model on the same images).
 
-Cells are stored as files in ``OUT/cells/`` (``KEY.json`` written last, atomically, marks a finished
-cell; ``KEY.npz`` holds the final test predictions), so a rerun skips finished cells.
+Cells are stored by :mod:`fedweigh.bench.cells`, so a rerun skips finished cells.
 """
 
 from __future__ import annotations
@@ -21,26 +21,38 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import re
-import tempfile
+import multiprocessing as mp
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
 
-from fedweigh.bench.methods import MethodSpec, parse_method
-from fedweigh.bench.profiles import get_profile
+from fedweigh.arrays import Params
+from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell, store_cell
+from fedweigh.bench.profiles import THRESHOLDS, get_profile
+from fedweigh.bench.report import write_outputs
+from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
-from fedweigh.site import ClientArgs
+from fedweigh.data.scenarios import get_scenario
+from fedweigh.data.site_config import expand_data_path
+from fedweigh.label_stats import global_stats_of
+from fedweigh.methods import MethodSpec, parse_method
+from fedweigh.metrics import youden_thresholds
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
+from fedweigh.records import RoundRecorder
+from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep, mean_metrics, sample_sites
+from fedweigh.site import ClientArgs, SiteTrainer, build_site_model
+from fedweigh.train import evaluate, get_params, predict, set_params
 
 logger = logging.getLogger("fedweigh.bench")
 
-CELLS_DIR = "cells"
 CONFIG_JSON = "config.json"
 
 #: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
@@ -97,10 +109,6 @@ def make_config(
     ``client_overrides`` are :class:`ClientArgs` fields (``num_images``, ``max_steps``, ``size``, ...).
     Raises ValueError naming the bad dataset, scenario, method, seed or round count.
     """
-    from fedweigh.bench.profiles import THRESHOLDS
-    from fedweigh.data import DATASETS
-    from fedweigh.data.scenarios import get_scenario
-
     prof = get_profile(profile)
     threshold = prof.threshold if threshold is None else str(threshold)
     if threshold not in THRESHOLDS:
@@ -142,12 +150,6 @@ def make_config(
 
 
 # ------------------------------------------------------------------------------------------- cells
-def cell_key(scenario: str, method: str, seed: int) -> str:
-    """File-name stem of a cell: ``SCENARIO__METHOD__sSEED`` (characters outside [A-Za-z0-9._=-] -> _)."""
-    safe = re.sub(r"[^A-Za-z0-9._=-]", "_", method)
-    return f"{scenario}__{safe}__s{seed}"
-
-
 def cell_args(config: BenchConfig, scenario: str, seed: int, spec: MethodSpec) -> ClientArgs:
     """The ClientArgs of one cell: the shared settings plus scenario, seed and the method's loss."""
     args = replace(config.client, dataset=config.dataset, scenario=scenario, seed=seed, eval_test=False)
@@ -171,26 +173,6 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def load_cell(cells_dir: Path, key: str) -> dict | None:
-    """The stored record of cell ``key``, or None if it is missing or unreadable."""
-    path = cells_dir / f"{key}.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def load_cell_scores(cells_dir: Path, key: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scores (S, N, C), labels) of a stored cell's final global model(s) on the test set."""
-    path = cells_dir / f"{key}.npz"
-    if not path.is_file():
-        return None
-    with np.load(path, allow_pickle=False) as z:
-        return z["scores"], z["labels"]
-
-
 def is_done(cells_dir: Path, config: BenchConfig, scenario: str, method: str, seed: int) -> bool:
     """Whether the cell is stored with the same settings (and its predictions file exists)."""
     key = cell_key(scenario, method, seed)
@@ -203,23 +185,6 @@ def is_done(cells_dir: Path, config: BenchConfig, scenario: str, method: str, se
     return True
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _save_npz(path: Path, **arrays: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
 # -------------------------------------------------------------------------------------- federations
 _FEDERATIONS: OrderedDict[tuple, Federation] = OrderedDict()
 _FEDERATION_CACHE_SIZE = 2
@@ -227,9 +192,6 @@ _FEDERATION_CACHE_SIZE = 2
 
 def federation_for(config: BenchConfig, scenario: str, seed: int) -> Federation:
     """The scenario's federation (restricted to ``config.sites``), built once per process and key."""
-    from fedweigh.data import build_federation
-    from fedweigh.flare.site_data import expand_data_path
-
     c = config.client
     key = (
         config.dataset,
@@ -292,8 +254,6 @@ class _TestScorer:
     """
 
     def __init__(self, args: ClientArgs, test: LabeledImages, val: LabeledImages, threshold: str):
-        from fedweigh.site import build_site_model
-
         self.test = test
         self.val = val
         self.threshold = threshold
@@ -301,147 +261,94 @@ class _TestScorer:
 
     def initial_params(self) -> dict[str, np.ndarray]:
         """theta_g^0: the model built from the seed, as the NVFlare persistor builds FedweighNet(seed=...)."""
-        from fedweigh.train import get_params
-
         return get_params(self.model)
 
     def _thresholds(self) -> float | np.ndarray:
         if self.threshold != "youden" or self.test.task != "multilabel":
             return 0.5
-        from fedweigh.metrics import youden_thresholds
-        from fedweigh.train import predict
-
         return youden_thresholds(self.val.labels, predict(self.model, self.val))
 
     def metrics(self, params: dict[str, np.ndarray]) -> dict[str, float]:
         """``test_*`` metrics of ``params`` (the keys a site's evaluate() reports)."""
-        from fedweigh.train import evaluate, set_params
-
         set_params(self.model, params)
         return {
             f"test_{k}": v for k, v in evaluate(self.model, self.test, threshold=self._thresholds()).items()
         }
 
     def scores(self, params: dict[str, np.ndarray]) -> np.ndarray:
-        from fedweigh.train import predict, set_params
-
         set_params(self.model, params)
         return predict(self.model, self.test)
 
 
-class _Rows:
-    """Rows keyed by round, in the controller's format (``round``, metrics, ``weights``, values)."""
-
-    def __init__(self) -> None:
-        self.by_round: dict[int, dict] = {}
-
-    def row(self, t: int) -> dict:
-        return self.by_round.setdefault(t, {"round": t})
-
-    def as_list(self) -> list[dict]:
-        return [self.by_round[t] for t in sorted(self.by_round)]
+def _site_result(
+    site: str, trainer: SiteTrainer, global_params: Params, t: int, plan: dict, rounds: int
+) -> ClientResult:
+    """A site's round in process, as the NVFlare client script sends it (same meta keys)."""
+    # NVFlare's current_round = t - 1 and total_rounds = T, as the controller sends them
+    out = trainer.run_round(global_params, t - 1, plan, total_rounds=rounds)
+    meta = {META_NUM_SAMPLES: out.num_samples, META_NUM_STEPS: out.num_steps, META_SCALARS: out.scalars}
+    return ClientResult(site=site, params=out.params, meta=meta, metrics=out.metrics)
 
 
 def _run_federated(
     spec: MethodSpec, fed: Federation, args: ClientArgs, rounds: int, min_clients: int, threshold: str
 ) -> tuple[list[dict], np.ndarray]:
     """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C))."""
-    from fedweigh.flare.constants import META_NUM_SAMPLES, META_SCALARS
-    from fedweigh.flare.statistics import decode_sum, statistics_vector
-    from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
-    from fedweigh.privacy import released_histogram
-    from fedweigh.rounds import client_plan, mean_metrics, sample_sites, weigh_and_aggregate
-    from fedweigh.site import SiteTrainer
-    from fedweigh.train import set_params
-    from fedweigh.weighting import ClientReport, get_scheme
-
-    assert spec.scheme is not None
-    scheme = get_scheme(spec.scheme, **spec.scheme_args)
+    scheme = spec.make_scheme()
     trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
     scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, threshold)
-    global_params = scorer.initial_params()
+    backend = PlaintextBackend(scorer.initial_params())
+    step = RoundStep(scheme, backend, num_rounds=rounds, min_clients=min_clients, log=logger.warning)
     all_sites = sorted(trainers)
     if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
         # each site contributes what it may release (noised when statistics DP is on), as its client does
-        total = sum(statistics_vector(*released_histogram(t)) for t in trainers.values())
-        stats = decode_sum(np.asarray(total)).as_dict()
+        releases = [t.released_statistics() for t in trainers.values()]
+        stats = global_stats_of((r.class_counts, r.num_samples) for r in releases).as_dict()
         for trainer in trainers.values():
             trainer.global_stats = dict(stats)
-    limits = ResultLimits()
-    rows = _Rows()
+    recorder = RoundRecorder(None, str(spec.scheme))
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
+        global_params = backend.task_params()
         targets = sample_sites(all_sites, fed.sample_fraction, min_clients, args.seed, t)
-        plan = client_plan(spec.scheme, spec.scheme_args, scheme)
-        reports, site_metrics = [], []
-        for site in targets:
-            # NVFlare's current_round = t - 1 and total_rounds = T, as the controller sends them
-            out = trainers[site].run_round(global_params, t - 1, plan, total_rounds=rounds)
-            meta = {
-                META_NUM_SAMPLES: out.num_samples,
-                "NUM_STEPS_CURRENT_ROUND": out.num_steps,
-                META_SCALARS: out.scalars,
-            }
-            try:
-                params, n, steps, scalars = check_train_result(
-                    site, out.params, meta, global_params, scheme.required_scalars, limits
-                )
-            except InvalidClientResult as e:
-                logger.warning("%s round %d: skipping result: %s", fed.scenario, t, e)
-                continue
-            reports.append(
-                ClientReport(name=site, num_samples=n, num_steps=steps, scalars=scalars, params=params)
-            )
-            site_metrics.append(out.metrics)
-        row = rows.row(t - 1)
-        if site_metrics:
-            row.update(mean_metrics(site_metrics))
-        row.update(scorer.metrics(global_params))
-        if len(reports) < min_clients:
-            logger.warning(
-                "%s round %d: %d valid result(s); global model unchanged", fed.scenario, t, len(reports)
-            )
-            continue
-        try:
-            update = weigh_and_aggregate(scheme, global_params, reports, t, rounds)
-        except ValueError as e:
-            logger.warning("%s round %d: the scheme could not weight this round (%s)", fed.scenario, t, e)
-            continue
-        global_params = update.params
-        row = rows.row(t)
-        row["weights"] = dict(update.weights)
-        row.update(update.values)
-        row["round_seconds"] = time.perf_counter() - t0
+        plan = step.plan(str(spec.scheme), spec.scheme_args)
+        results = [_site_result(site, trainers[site], global_params, t, plan, rounds) for site in targets]
+        outcome = step.run(t, results, targets)
+        test = scorer.metrics(global_params)
+        recorder.add_outcome(outcome, round_seconds=time.perf_counter() - t0)
+        recorder.set_metrics(t - 1, test)
+    global_params = backend.task_params()
     final = []
     for trainer in trainers.values():  # the controller's final validate task, sent to every site
         set_params(trainer.model, global_params)
         final.append(trainer.evaluate())
-    rows.row(rounds).update(mean_metrics(final))
-    rows.row(rounds).update(scorer.metrics(global_params))
-    return rows.as_list(), scorer.scores(global_params)[None]
+    recorder.set_metrics(rounds, {**mean_metrics(final), **scorer.metrics(global_params)})
+    return _plain_rows(recorder.rows), scorer.scores(global_params)[None]
+
+
+def _plain_rows(rows: list[dict]) -> list[dict]:
+    """Rows as the benchmark stores them: without the controller's per-round bookkeeping keys."""
+    return [{k: v for k, v in row.items() if k not in ("excluded", "global_updated")} for row in rows]
 
 
 def _run_centralized(
     fed: Federation, args: ClientArgs, rounds: int, threshold: str
 ) -> tuple[list[dict], np.ndarray]:
     """One trainer on all sites' data pooled, T rounds of the same local training as a site."""
-    from fedweigh.site import SiteTrainer
-    from fedweigh.train import set_params
-
     pooled = pool_sites(fed.sites)
     trainer = SiteTrainer(pooled, fed.test, args, threads=args.threads or None)
     scorer = _TestScorer(args, fed.test, pooled.val, threshold)
     params = scorer.initial_params()
-    rows = _Rows()
+    rows = RoundRecorder(None, "centralized")
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
         out = trainer.run_round(params, t - 1, {}, total_rounds=rounds)
-        rows.row(t - 1).update({**out.metrics, **scorer.metrics(params)})
+        rows.set_metrics(t - 1, {**out.metrics, **scorer.metrics(params)})
         params = out.params
-        rows.row(t)["round_seconds"] = time.perf_counter() - t0
+        rows.set_metrics(t, {"round_seconds": time.perf_counter() - t0})
     set_params(trainer.model, params)
-    rows.row(rounds).update({**trainer.evaluate(), **scorer.metrics(params)})
-    return rows.as_list(), scorer.scores(params)[None]
+    rows.set_metrics(rounds, {**trainer.evaluate(), **scorer.metrics(params)})
+    return rows.rows, scorer.scores(params)[None]
 
 
 def _run_local(
@@ -450,16 +357,12 @@ def _run_local(
     """Each site trains alone for T rounds. Rows hold the mean over sites of each site's own model:
     validation metrics every round, test metrics at round 0 (the shared theta^0) and round T only
     (scoring K models on the test set every round would cost more than the training)."""
-    from fedweigh.rounds import mean_metrics
-    from fedweigh.site import SiteTrainer
-    from fedweigh.train import set_params
-
     trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
     scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, threshold)
     initial = scorer.initial_params()
     params = {name: initial for name in trainers}
-    rows = _Rows()
-    rows.row(0).update(scorer.metrics(initial))
+    rows = RoundRecorder(None, "local")
+    rows.set_metrics(0, scorer.metrics(initial))
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
         val = []
@@ -467,15 +370,15 @@ def _run_local(
             out = trainer.run_round(params[name], t - 1, {}, total_rounds=rounds)
             val.append(out.metrics)
             params[name] = out.params
-        rows.row(t - 1).update(mean_metrics(val))
-        rows.row(t)["round_seconds"] = time.perf_counter() - t0
+        rows.set_metrics(t - 1, mean_metrics(val))
+        rows.set_metrics(t, {"round_seconds": time.perf_counter() - t0})
     val, test = [], []
     for name, trainer in trainers.items():
         set_params(trainer.model, params[name])
         val.append(trainer.evaluate())
         test.append(scorer.metrics(params[name]))
-    rows.row(rounds).update({**mean_metrics(val), **mean_metrics(test)})
-    return rows.as_list(), np.stack([scorer.scores(params[name]) for name in trainers])
+    rows.set_metrics(rounds, {**mean_metrics(val), **mean_metrics(test)})
+    return rows.rows, np.stack([scorer.scores(params[name]) for name in trainers])
 
 
 def run_cell(
@@ -522,19 +425,10 @@ def run_cell(
 def run_and_store_cell(config: BenchConfig, scenario: str, method: str, seed: int, cells_dir: str) -> str:
     """Run one cell and store it in ``cells_dir`` (predictions first, the JSON record last); returns its key."""
     record, scores, labels = run_cell(config, scenario, method, seed)
-    cells = Path(cells_dir)
-    key = record["key"]
-    _atomic_write(
-        cells / f"{key}.npz",
-        lambda p: _save_npz(p, scores=scores.astype(np.float32), labels=labels),
-    )
-    _atomic_write(cells / f"{key}.json", lambda p: p.write_text(json.dumps(record, indent=1, default=float)))
-    return key
+    return store_cell(Path(cells_dir), record, scores, labels)
 
 
 def _worker_init() -> None:
-    import torch
-
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
 
@@ -561,10 +455,6 @@ def run_bench(config: BenchConfig, out_dir: str | Path, jobs: int = 1, progress:
     ``results.csv``, ``summary.json``, ``report.md`` and ``plots/`` (see :mod:`fedweigh.bench.report`).
     Raises :class:`BenchError` naming the failed cells after the others have finished.
     """
-    from tqdm.auto import tqdm
-
-    from fedweigh.bench.report import write_outputs
-
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     start = time.perf_counter()
@@ -587,9 +477,6 @@ def run_bench(config: BenchConfig, out_dir: str | Path, jobs: int = 1, progress:
                     failures[cell_key(scenario, method, seed)] = f"{type(e).__name__}: {e}"
                 bar.update(1)
         else:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
             ctx = mp.get_context("spawn")
             with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
                 futures = {

@@ -1,18 +1,13 @@
 """Datasets as in-memory arrays, and the scenario catalogue that splits them into sites.
 
 Datasets: ``synthcxr`` (embedded, generated), ``chestmnist`` (a MedMNIST ``.npz``), ``chexpert``
-(csv + images) and ``digits`` (scikit-learn). :func:`load_pool` returns a dataset's training pool
-(what the scenarios partition) and its global test set; :func:`build_federation` does the rest.
+(csv + images) and ``digits`` (scikit-learn). :func:`load_pool` (:mod:`fedweigh.data.pools`) returns a
+dataset's training pool (what the scenarios partition) and its global test set;
+:func:`build_federation` (:mod:`fedweigh.data.scenarios`) does the rest. Where a deployed site's data
+comes from: :mod:`fedweigh.data.site_config`.
 """
 
 from __future__ import annotations
-
-import importlib
-import re
-from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from fedweigh.data.base import CHEST_FINDINGS, Federation, LabeledImages, SiteData, Task
 from fedweigh.data.chestmnist import DatasetFormatError, load_medmnist_npz, resize_images
@@ -23,6 +18,14 @@ from fedweigh.data.chexpert import (
     load_chexpert,
 )
 from fedweigh.data.digits import DIGIT_CLASSES, load_digits_dataset
+from fedweigh.data.pools import (
+    DATASETS,
+    DIGITS_TEST_FRACTION,
+    SYNTHCXR_DEFAULT_IMAGES,
+    dataset_info,
+    find_medmnist_file,
+    load_pool,
+)
 from fedweigh.data.scenarios import (
     SCENARIOS,
     Scenario,
@@ -35,6 +38,7 @@ from fedweigh.data.scenarios import (
     site_label_divergence,
 )
 from fedweigh.data.shift import AcquisitionProfile, apply_acquisition_shift, site_profile
+from fedweigh.data.synthcxr import generate_synthcxr, load_synthcxr
 
 __all__ = [
     "CHEST_FINDINGS",
@@ -42,6 +46,8 @@ __all__ = [
     "CHEXPERT_LABELS",
     "CHEXPERT_PATHOLOGIES",
     "DATASETS",
+    "DIGITS_TEST_FRACTION",
+    "SYNTHCXR_DEFAULT_IMAGES",
     "DIGIT_CLASSES",
     "SCENARIOS",
     "AcquisitionProfile",
@@ -70,171 +76,3 @@ __all__ = [
     "site_label_divergence",
     "site_profile",
 ]
-
-#: Known dataset names, in the order the CLI lists them.
-DATASETS: tuple[str, ...] = ("synthcxr", "chestmnist", "chexpert", "digits")
-
-#: SynthCXR pool size when ``num_images`` is not given; its test set has a fifth as many images.
-SYNTHCXR_DEFAULT_IMAGES = 20_000
-
-#: The fraction of scikit-learn's digits held out (stratified) as the global test set.
-DIGITS_TEST_FRACTION = 0.2
-
-_INFO: dict[str, dict[str, Any]] = {
-    "synthcxr": {
-        "task": "multilabel",
-        "class_names": CHEST_FINDINGS,
-        "needs_data_path": False,
-        "description": "embedded synthetic chest radiographs, 14 ChestMNIST findings (docs/synthcxr.md)",
-    },
-    "chestmnist": {
-        "task": "multilabel",
-        "class_names": CHEST_FINDINGS,
-        "needs_data_path": True,
-        "description": "ChestMNIST / MedMNIST+ .npz (train+val pooled for the sites, test split as test)",
-    },
-    "chexpert": {
-        "task": "multilabel",
-        "class_names": CHEXPERT_FINDINGS,
-        "needs_data_path": True,
-        "description": "CheXpert train.csv for the sites, valid.csv as test (U-Ones by default)",
-    },
-    "digits": {
-        "task": "multiclass",
-        "class_names": DIGIT_CLASSES,
-        "needs_data_path": False,
-        "description": "scikit-learn digits (1797 images, 8x8 up-sampled), 20% stratified test hold-out",
-    },
-}
-
-_DATA_PATH_HINT = {
-    "chestmnist": "the ChestMNIST .npz file (e.g. chestmnist_64.npz) or the folder holding it",
-    "chexpert": "the CheXpert folder holding train.csv and valid.csv (e.g. .../CheXpert-v1.0-small)",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Lazy re-export of the SynthCXR generator (PEP 562), so importing the package stays light."""
-    if name in ("generate_synthcxr", "load_synthcxr"):
-        return getattr(importlib.import_module("fedweigh.data.synthcxr"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _check_dataset(name: str) -> None:
-    if name not in _INFO:
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
-
-
-def dataset_info(name: str) -> dict[str, Any]:
-    """Task, class names and whether a data path is needed, for dataset ``name``.
-
-    For ``chestmnist`` this describes ChestMNIST itself; another MedMNIST file gets its task and
-    classes from the file (see :func:`load_medmnist_npz`).
-    """
-    _check_dataset(name)
-    info = dict(_INFO[name])
-    info["name"] = name
-    info["num_classes"] = len(info["class_names"])
-    return info
-
-
-def find_medmnist_file(path: str | Path, size: int, stem: str = "chestmnist") -> Path:
-    """``path`` itself if it is a file; in a folder, the ``{stem}[_RES].npz`` whose resolution
-    (28 when unsuffixed) equals ``size``, else the smallest above it, else the largest."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"MedMNIST file or folder not found: {path}")
-    found: dict[int, Path] = {}
-    for f in sorted(path.glob(f"{stem}*.npz")):
-        match = re.fullmatch(rf"{re.escape(stem)}(?:_(\d+))?\.npz", f.name)
-        if match:
-            found[int(match.group(1) or 28)] = f
-    if not found:
-        raise FileNotFoundError(f"no {stem}.npz or {stem}_<size>.npz in folder {path}")
-    above = [r for r in found if r >= size]
-    return found[min(above)] if above else found[max(found)]
-
-
-def _subsample(data: LabeledImages, count: int | None, rng: np.random.Generator) -> LabeledImages:
-    if count is None or count >= len(data):
-        return data
-    return data.subset(np.sort(rng.choice(len(data), size=count, replace=False)))
-
-
-def _rows(data: LabeledImages, rows: slice) -> LabeledImages:
-    """A contiguous block of rows as views (no copy)."""
-    return LabeledImages(
-        images=data.images[rows],
-        labels=data.labels[rows],
-        class_names=data.class_names,
-        task=data.task,
-        domain=None if data.domain is None else data.domain[rows],
-        meta=dict(data.meta),
-    )
-
-
-def _concat(a: LabeledImages, b: LabeledImages) -> LabeledImages:
-    return LabeledImages(
-        images=np.concatenate([a.images, b.images]),
-        labels=np.concatenate([a.labels, b.labels]),
-        class_names=a.class_names,
-        task=a.task,
-        meta={**a.meta, "split": "train+val"},
-    )
-
-
-def load_pool(
-    dataset: str,
-    data_path: str | Path | None = None,
-    size: int = 32,
-    seed: int = 0,
-    num_images: int | None = None,
-    **options: Any,
-) -> tuple[LabeledImages, LabeledImages]:
-    """(training pool, global test set) of ``dataset`` at ``size`` x ``size`` pixels.
-
-    * synthcxr: ``load_synthcxr(n + n // 5, size, seed)`` (n = ``num_images``, default 20,000); the
-      first n rows are the pool, the remaining n // 5 (other patients) the test set.
-    * chestmnist: train + val of the npz pooled; the test split is the test set (when ``num_images``
-      is given, the pool is subsampled to it by ``seed`` and the test to num_images // 5, the same
-      rows for every seed).
-    * chexpert: train.csv (its first ``num_images`` rows) is the pool, valid.csv the test set.
-    * digits: a stratified 80 / 20 split by ``seed``; the pool is subsampled to ``num_images``.
-
-    ``options`` go to the loader (synthcxr: cache_dir; chestmnist: task, class_names; chexpert:
-    uncertainty, frontal_only, findings).
-    """
-    _check_dataset(dataset)
-    if num_images is not None and num_images <= 0:
-        raise ValueError(f"num_images must be positive, got {num_images}")
-    if _INFO[dataset]["needs_data_path"] and data_path is None:
-        raise ValueError(
-            f"dataset {dataset!r} needs a data path: pass --data-path (data_path=) pointing to "
-            f"{_DATA_PATH_HINT[dataset]}; nothing is downloaded"
-        )
-    if dataset == "synthcxr":
-        from fedweigh.data.synthcxr import load_synthcxr
-
-        n = SYNTHCXR_DEFAULT_IMAGES if num_images is None else int(num_images)
-        full = load_synthcxr(n + n // 5, size, seed, **options)
-        return _rows(full, slice(0, n)), _rows(full, slice(n, None))
-    if dataset == "chestmnist":
-        splits = load_medmnist_npz(find_medmnist_file(data_path, size), size=size, **options)
-        pool = _subsample(
-            _concat(splits["train"], splits["val"]), num_images, np.random.default_rng([seed, 5])
-        )
-        cap = None if num_images is None else max(1, num_images // 5)
-        return pool, _subsample(splits["test"], cap, np.random.default_rng([0, 6]))
-    if dataset == "chexpert":
-        pool = load_chexpert(data_path, "train", size=size, max_images=num_images, **options)
-        return pool, load_chexpert(data_path, "valid", size=size, **options)
-    from sklearn.model_selection import train_test_split
-
-    full = load_digits_dataset(size)
-    train_rows, test_rows = train_test_split(
-        np.arange(len(full)), test_size=DIGITS_TEST_FRACTION, stratify=full.labels, random_state=seed
-    )
-    pool = _subsample(full.subset(np.sort(train_rows)), num_images, np.random.default_rng([seed, 5]))
-    return pool, full.subset(np.sort(test_rows))

@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 
 from fedweigh.data.base import Federation, LabeledImages, SiteData, Task
+from fedweigh.data.pools import load_pool
 from fedweigh.data.shift import apply_acquisition_shift, site_profile
 
 Partition = Literal["iid", "quantity", "label", "quantity+label"]
@@ -351,8 +352,6 @@ def build_federation(
     profile of a site drawn uniformly at random (seeded), so the test set mirrors the federation's
     mix. ``loader_options`` go to the dataset's loader (e.g. CheXpert's ``uncertainty``).
     """
-    from fedweigh.data import load_pool
-
     sc = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
     pool, test = load_pool(dataset, data_path, size, seed, num_images, **(loader_options or {}))
     parts = partition_indices(pool.labels, pool.task, sc, seed)

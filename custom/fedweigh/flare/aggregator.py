@@ -1,15 +1,19 @@
-"""FedweighAggregator: a fedweigh scheme as an NVFlare ``ModelAggregator``.
+"""FedweighAggregator: a fedweigh scheme as an NVFlare ``ModelAggregator`` for stock workflows.
 
-Plugs any weighting scheme into stock NVFlare workflows that accept a ``ModelAggregator``::
+Plugs a weighting scheme into stock NVFlare workflows that accept a ``ModelAggregator``::
 
     from nvflare.app_opt.pt.recipes import FedAvgRecipe
-    recipe = FedAvgRecipe(..., aggregator=FedweighAggregator(scheme="cbr"))
+    recipe = FedAvgRecipe(..., aggregator=FedweighAggregator(scheme="feddraw"))
 
-Stock ``FedAvg`` does not send a plan, so schemes that need client-reported scalars (CBR, DAFL,
-FedDisco, FedDRAW under HE) need :class:`~fedweigh.flare.controller.FedweighController`; schemes that
-work from parameters and sample counts (FedAvg, FedNova, FedAdp, IDA, FedAWA, FedDRAW in plaintext)
-work here. An invalid result is skipped with a logged reason; if fewer than ``min_clients`` valid
-results remain, the previous global model is returned unchanged.
+Each round goes through the same :class:`fedweigh.rounds.RoundStep` as the fedweigh controller
+(validate, weigh, cap at ``max_share``, aggregate). Stock ``FedAvg`` sends no plan and runs no
+label-statistics phase, so this aggregator can feed only the schemes that weight from parameters,
+sample counts and steps: FedAvg, FedProx (weights only; the clients' proximal term is theirs),
+FedNova, FedAdp, IDA, FedAWA and FedDRAW. Schemes that need client-reported scalars or the global
+label histogram (CBR, DAFL with ``mode="inverse_imbalance"``, FedDisco) are refused at construction
+with the reason: use :class:`~fedweigh.flare.controller.FedweighController` (the fedweigh recipes) for
+them. An invalid result is skipped with a logged reason; if fewer than ``min_clients`` valid results
+remain, the previous global model is returned unchanged.
 """
 
 from __future__ import annotations
@@ -20,17 +24,37 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.aggregators.model_aggregator import ModelAggregator
 from nvflare.app_common.app_constant import AppConstants
 
-from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
+from fedweigh.arrays import Params, to_numpy_dict
+from fedweigh.protocol import META_NUM_SAMPLES
+from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.weighting import get_scheme
+from fedweigh.weighting.base import WeightingScheme
+
+
+def check_stock_compatible(scheme: WeightingScheme) -> None:
+    """Raise ValueError naming the scheme if stock FedAvg cannot feed it (it needs a plan or statistics)."""
+    needs = []
+    if scheme.required_scalars:
+        needs.append(f"client-reported scalars {list(scheme.required_scalars)}")
+    if scheme.needs_global_histogram:
+        needs.append("the global label histogram")
+    if needs:
+        raise ValueError(
+            f"scheme {scheme.name!r} cannot run in stock NVFlare FedAvg through FedweighAggregator: it needs "
+            f"{' and '.join(needs)}, which only the fedweigh controller asks the sites for. Use the fedweigh "
+            "recipes (FedweighController) for it."
+        )
 
 
 class FedweighAggregator(ModelAggregator):
     """Aggregates one round's client models with a fedweigh weighting scheme.
 
     Args:
-        scheme: registry name of the scheme.
+        scheme: registry name of the scheme (one that stock FedAvg can feed, see the module docstring).
         scheme_args: options of the scheme.
         num_rounds: total rounds (schedules such as FedDRAW's need it).
         min_clients: minimum valid results to update the model.
+        max_share: cap on any one site's share of a round's weight (None: no cap), as in the controller.
     """
 
     def __init__(
@@ -39,17 +63,19 @@ class FedweighAggregator(ModelAggregator):
         scheme_args: dict | None = None,
         num_rounds: int = 1,
         min_clients: int = 1,
+        max_share: float | None = None,
     ):
         super().__init__()
-        from fedweigh.weighting import get_scheme
-
         self.scheme = scheme
         self.scheme_args = dict(scheme_args or {})
         self.num_rounds = num_rounds
         self.min_clients = min_clients
+        if max_share is not None and not 0.0 < max_share <= 1.0:
+            raise ValueError(f"max_share must be in (0, 1], got {max_share}")
+        self.max_share = max_share
         self._scheme = get_scheme(scheme, **self.scheme_args)
+        check_stock_compatible(self._scheme)
         self._results: list[FLModel] = []
-        self._limits = ResultLimits()
         #: weights of the last aggregation, by site (for inspection and logging)
         self.last_weights: dict[str, float] = {}
 
@@ -59,55 +85,42 @@ class FedweighAggregator(ModelAggregator):
     def reset_stats(self) -> None:
         self._results = []
 
-    def _global_params(self) -> dict[str, np.ndarray] | None:
+    def _global_params(self) -> Params | None:
         learnable = self.fl_ctx.get_prop(AppConstants.GLOBAL_MODEL) if self.fl_ctx else None
         if learnable is None:
             return None
         weights = learnable.get("weights") if isinstance(learnable, dict) else None
-        if not weights:
-            return None
-        return {
-            k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v) for k, v in weights.items()
-        }
+        return to_numpy_dict(weights) if weights else None
+
+    @staticmethod
+    def _client_result(model: FLModel) -> ClientResult:
+        """Stock clients report NUM_STEPS_CURRENT_ROUND, often not N_k: it stands in for N_k then."""
+        meta = dict(model.meta or {})
+        meta.setdefault(META_NUM_SAMPLES, meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1))
+        return ClientResult(
+            site=str(meta.get("client_name", "?")), params=model.params, meta=meta, metrics=model.metrics
+        )
 
     def aggregate_model(self) -> FLModel:
-        from fedweigh.weighting.base import ClientReport
-
         results, self._results = self._results, []
         current = int(self.fl_ctx.get_prop(AppConstants.CURRENT_ROUND, 0) or 0) if self.fl_ctx else 0
         round_index = min(self.num_rounds, current + 1)
         global_params = self._global_params()
-        reference = global_params
-        if reference is None and results:
-            first = results[0].params or {}
-            reference = {k: np.asarray(v) for k, v in first.items()}
-        reports = []
-        for r in results:
-            meta = dict(r.meta or {})
-            site = meta.get("client_name", "?")
-            meta.setdefault("num_samples", meta.get(FLMetaKey.NUM_STEPS_CURRENT_ROUND, 1))
-            try:
-                params, n, steps, scalars = check_train_result(
-                    site, r.params, meta, reference or {}, self._scheme.required_scalars, self._limits
-                )
-            except InvalidClientResult as e:
-                self.warning(f"skipping result: {e}")
-                continue
-            reports.append(
-                ClientReport(name=site, num_samples=n, num_steps=steps, scalars=scalars, params=params)
-            )
-        if len(reports) < self.min_clients or global_params is None and not reports:
-            self.warning(
-                f"{len(reports)} valid result(s) (< min_clients={self.min_clients}); model unchanged"
-            )
+        step = RoundStep(
+            self._scheme,
+            PlaintextBackend(global_params),
+            num_rounds=self.num_rounds,
+            min_clients=self.min_clients,
+            max_share=self.max_share,
+            log=self.warning,
+        )
+        outcome = step.run(round_index, [self._client_result(r) for r in results])
+        if not outcome.updated:
             return FLModel(params_type=ParamsType.FULL, params=global_params or {})
-        if global_params is None:
-            # no global model in context: start from the plain mean so deltas are defined
-            global_params = {k: np.mean([rep.params[k] for rep in reports], axis=0) for k in reference}
-        weights = self._scheme.weights(reports, global_params, round_index, self.num_rounds)
-        self.last_weights = {rep.name: float(w) for rep, w in zip(reports, weights, strict=True)}
+        self.last_weights = dict(outcome.weights)
         self.info(
             f"{self.scheme} weights: " + ", ".join(f"{k}={v:.3f}" for k, v in self.last_weights.items())
         )
-        new_params = self._scheme.aggregate(global_params, reports, np.asarray(weights, dtype=float))
-        return FLModel(params_type=ParamsType.FULL, params=new_params)
+        return FLModel(
+            params_type=ParamsType.FULL, params={k: np.asarray(v) for k, v in (outcome.params or {}).items()}
+        )

@@ -9,7 +9,7 @@ It dispatches on ``flare.get_task_name()``:
 - ``validate``: evaluate the received global model only;
 - ``stats``: answer the label-statistics phase (see :mod:`fedweigh.flare.statistics`).
 
-When a task's meta carries the HE layout (``fedweigh_he``, :mod:`fedweigh.secure_updates`), the
+When a task's meta carries the HE layout (``fedweigh_he``, :mod:`fedweigh.secure.updates`), the
 site decrypts the global model it receives (round 1: plaintext) with its client context, keeps the
 decrypted model in ``fedweigh_he_global_<job id>.npz`` in its working folder (after the final
 ``validate`` task: theta_g^T), and sends Enc(theta_k - theta_g) instead of its parameters.
@@ -21,8 +21,27 @@ import logging
 import os
 from pathlib import Path
 
-from fedweigh.flare.constants import META_NUM_SAMPLES, META_PLAN, META_SCALARS, TASK_STATS, TASK_TRAIN
-from fedweigh.site import ClientArgs
+import nvflare.client as flare
+import torch
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.client.tracking import SummaryWriter
+
+from fedweigh.arrays import Params
+from fedweigh.data.site_config import resolve_site_data
+from fedweigh.flare.keys import load_role_context
+from fedweigh.flare.statistics import answer_statistics_task, load_cached_global_stats
+from fedweigh.io import atomic_write_npz
+from fedweigh.protocol import (
+    META_HE,
+    META_NUM_SAMPLES,
+    META_NUM_STEPS,
+    META_PLAN,
+    META_SCALARS,
+    TASK_STATS,
+    TASK_TRAIN,
+)
+from fedweigh.site import ClientArgs, SiteTrainer, parse_args
+from fedweigh.train import get_params, set_params
 
 logger = logging.getLogger("fedweigh.client")
 
@@ -32,63 +51,35 @@ __all__ = ["ClientArgs", "main"]
 HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
 
 
-#: Meta key of the HE layout (fedweigh.secure_updates.META_HE; not imported here so that plaintext
-#: runs do not load TenSEAL).
-META_HE = "fedweigh_he"
-
-
-def _he_decode(received: dict, he_meta: dict, reference: dict):
+def _he_decode(received: dict, he_meta: dict, reference: Params):
     """(decrypted global model, HE layout, client context) of a task under HE."""
-    from fedweigh.flare.secure_statistics import load_role_context
-    from fedweigh.secure_updates import decode_global
+    from fedweigh.secure.updates import decode_global  # TenSEAL: loaded only under HE
 
     ctx, _ = load_role_context("client")
     params, layout = decode_global(ctx, received, he_meta, reference)
     return params, layout, ctx
 
 
-def _he_encode(ctx, params: dict, global_params: dict, layout) -> dict:
+def _he_encode(ctx, params: Params, global_params: Params, layout) -> dict:
     """Enc(theta_k - theta_g) chunks and the clear arrays, as tensors for the Client API."""
-    import torch
-
-    from fedweigh.secure_updates import encode_update
+    from fedweigh.secure.updates import encode_update  # TenSEAL: loaded only under HE
 
     return {k: torch.as_tensor(v) for k, v in encode_update(ctx, params, global_params, layout).items()}
-
-
-def _save_site_model(job_id: str, params: dict) -> None:
-    """Write the decrypted global model atomically (the server cannot persist it under HE)."""
-    import numpy as np
-
-    path = Path(HE_SITE_MODEL_FILE.format(job_id=job_id))
-    tmp = path.with_name("tmp_" + path.name)
-    np.savez(tmp, **params)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> None:
     # DP-SGD's variable-size Poisson batches overflow oneDNN's default primitive cache (1024) on the
     # DenseNets and rebuild every convolution each step; it must be raised before the first convolution.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8192")
-    import nvflare.client as flare
-    import torch
-    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
-    from nvflare.client.tracking import SummaryWriter
-
-    from fedweigh.flare.site_data import resolve_site_data
-    from fedweigh.flare.statistics import load_cached_global_stats
-    from fedweigh.site import SiteTrainer, parse_args
-    from fedweigh.train import get_params, set_params
-
     logging.basicConfig(level=logging.INFO)
     args = parse_args(argv)
     flare.init()
     site_name = flare.get_site_name()
     site, test, num_sites = resolve_site_data(site_name, args)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, num_sites))
-    trainer = SiteTrainer(site, test, args, threads=threads)
-    trainer.job_id = str(flare.get_job_id())
-    trainer.global_stats = load_cached_global_stats(trainer.job_id)
+    job_id = str(flare.get_job_id())
+    trainer = SiteTrainer(site, test, args, threads=threads, job_id=job_id)
+    trainer.global_stats = load_cached_global_stats(job_id)
     writer = SummaryWriter()
 
     while flare.is_running():
@@ -101,12 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         he_meta = (input_model.meta or {}).get(META_HE) if task != TASK_STATS else None
         if he_meta:
             decrypted, he_layout, he_ctx = _he_decode(input_model.params, he_meta, get_params(trainer.model))
-            _save_site_model(trainer.job_id, decrypted)
+            atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=job_id)), **decrypted)
             input_model.params = decrypted
 
         if task == TASK_STATS:
-            from fedweigh.flare.statistics import answer_statistics_task
-
             flare.send(answer_statistics_task(trainer, input_model))
             continue
 
@@ -140,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                 params_type=ParamsType.FULL,
                 metrics=out.metrics,
                 meta={
-                    "NUM_STEPS_CURRENT_ROUND": out.num_steps,
+                    META_NUM_STEPS: out.num_steps,
                     META_NUM_SAMPLES: out.num_samples,
                     META_SCALARS: out.scalars,
                 },

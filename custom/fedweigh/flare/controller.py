@@ -1,16 +1,17 @@
 """FedweighController: NVFlare ``ModelController`` that weights clients with a fedweigh scheme.
 
-Per round t = 1..T: sample sites, send the global model theta_g^{t-1} with the scheme's plan,
-validate every result (an invalid one is skipped with a logged reason naming the site), reduce
-results to :class:`~fedweigh.weighting.base.ClientReport`, ask the scheme for weights, and set
-theta_g^t = scheme.aggregate(theta_g^{t-1}, reports, weights). The scheme's math lives in
-:mod:`fedweigh.weighting`; this module only wires it into NVFlare.
+Per round t = 1..T, as NVFlare's own ``FedAvg`` does, with its round events (``ROUND_STARTED``,
+``BEFORE_AGGREGATION``, ``AFTER_AGGREGATION``) so that model selection and the other event-driven
+widgets work: sample sites, send the global model theta_g^{t-1} with the scheme's plan, and hand
+the results to :class:`fedweigh.rounds.RoundStep` (validate, weigh, cap, aggregate with the
+plaintext or CKKS backend). The scheme's math lives in :mod:`fedweigh.weighting`, the round in
+:mod:`fedweigh.rounds`; this module only wires them into NVFlare.
 
 After each round the global model is persisted through the job's persistor and the run state
 (round, scheme state, metric rows) to ``fedweigh_state.json`` + ``fedweigh_global.npz``, so a run
 started with ``resume_from`` pointing at that folder continues at round t+1 with the same state.
 
-With ``he=True`` (homomorphically encrypted updates, :mod:`fedweigh.secure_updates`) sites send
+With ``he=True`` (homomorphically encrypted updates, :mod:`fedweigh.secure.updates`) sites send
 Enc(theta_k - theta_g); the server weights from scalars only, keeps Enc(theta_g^t) =
 Enc(theta_g^{t-1}) + sum_k w_k Enc(Delta_k) without any secret key and sends it with the next task.
 It then never holds a plaintext model after round 1: nothing goes to the persistor, and the run
@@ -22,25 +23,33 @@ them theta_g^T.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
+from nvflare.app_common.utils.fl_model_utils import FLModelUtils
 from nvflare.app_common.workflows.model_controller import ModelController
+from nvflare.fuel.utils.memory_utils import cleanup_memory
 
-from fedweigh.flare.constants import (
-    META_NUM_SAMPLES,
-    META_PLAN,
-    META_SCALARS,
-    STATE_JSON,
-    TASK_TRAIN,
-    TASK_VALIDATE,
+from fedweigh.arrays import Params, to_numpy_dict
+from fedweigh.flare.keys import load_role_context
+from fedweigh.flare.statistics import run_statistics_phase
+from fedweigh.io import atomic_write_npz, atomic_write_text
+from fedweigh.protocol import META_NUM_SAMPLES, META_PLAN, STATE_JSON, TASK_TRAIN, TASK_VALIDATE
+from fedweigh.records import RoundRecorder
+from fedweigh.rounds import (
+    AggregationBackend,
+    ClientResult,
+    PlaintextBackend,
+    RoundStep,
+    mean_metrics,
+    sample_sites,
 )
-from fedweigh.flare.recorder import RoundRecorder
-from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
-from fedweigh.rounds import client_plan, mean_metrics, sample_sites, weigh_and_aggregate
+from fedweigh.validation import ResultLimits
+from fedweigh.weighting import get_scheme
 
 GLOBAL_NPZ = "fedweigh_global.npz"
 HE_GLOBAL_NPZ = "fedweigh_he_global.npz"
@@ -61,13 +70,12 @@ def _server_memory_mb() -> dict[str, float]:
     return out
 
 
-def _to_numpy(params: dict) -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in params.items():
-        if hasattr(v, "detach"):
-            v = v.detach().cpu().numpy()
-        out[k] = np.asarray(v)
-    return out
+def client_result(model: FLModel) -> ClientResult:
+    """An NVFlare result as the round step's plain :class:`~fedweigh.rounds.ClientResult`."""
+    meta = model.meta or {}
+    return ClientResult(
+        site=str(meta.get("client_name", "?")), params=model.params, meta=meta, metrics=model.metrics
+    )
 
 
 class FedweighController(ModelController):
@@ -129,7 +137,6 @@ class FedweighController(ModelController):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (see run())
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
-        from fedweigh.weighting import get_scheme
 
         if num_rounds < 1:
             raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
@@ -176,9 +183,7 @@ class FedweighController(ModelController):
         if he_layers and not self.he:
             raise ValueError("he_layers selects the layers to encrypt: it needs he=True")
         if self.he:
-            from fedweigh.secure_updates import check_he_scheme
-
-            check_he_scheme(self._scheme)  # fails at job creation, naming the scheme and the reason
+            self._scheme.check_he()  # fails at job creation, naming the scheme and the reason
 
     # -- helpers -------------------------------------------------------------------------------
     def ask_sites(
@@ -200,13 +205,10 @@ class FedweighController(ModelController):
         return Path(self.get_app_dir())
 
     def _save_state(
-        self,
-        out_dir: Path,
-        round_index: int,
-        params: dict[str, np.ndarray] | None,
-        rows: list[dict],
-        he_model=None,
-    ):
+        self, out_dir: Path, round_index: int, backend: AggregationBackend, rows: list[dict]
+    ) -> None:
+        """The run state after ``round_index``: scheme state and rows (JSON), the global model (npz;
+        under HE the ciphertext, the server never writes a plaintext model then). JSON last."""
         state = {
             "round": round_index,
             "num_rounds": self.num_rounds,
@@ -215,16 +217,13 @@ class FedweighController(ModelController):
             "scheme_state": self._scheme.state_dict(),
             "rows": rows,
         }
-        tmp = out_dir / (STATE_JSON + ".tmp")
-        tmp.write_text(json.dumps(state))
-        if he_model is not None:  # ciphertext and clear arrays only
-            he_model.save(out_dir / HE_GLOBAL_NPZ)
+        if backend.encrypted:
+            backend.save(out_dir / HE_GLOBAL_NPZ)  # type: ignore[attr-defined]
         else:
-            np.savez(out_dir / ("tmp_" + GLOBAL_NPZ), **params)
-            os.replace(out_dir / ("tmp_" + GLOBAL_NPZ), out_dir / GLOBAL_NPZ)
-        os.replace(tmp, out_dir / STATE_JSON)
+            atomic_write_npz(out_dir / GLOBAL_NPZ, **backend.task_params())
+        atomic_write_text(out_dir / STATE_JSON, json.dumps(state))
 
-    def _load_state(self, folder: str) -> tuple[int, dict[str, np.ndarray], list[dict]]:
+    def _load_state(self, folder: str) -> tuple[int, Params, list[dict]]:
         path = Path(folder) / STATE_JSON
         if not path.is_file():
             raise FileNotFoundError(f"resume_from={folder}: no {STATE_JSON} there")
@@ -233,21 +232,21 @@ class FedweighController(ModelController):
             raise ValueError(
                 f"resume_from={folder}: state is for scheme {state.get('scheme')!r}, not {self.scheme!r}"
             )
-        if self.he:  # the encrypted global model is restored in run()
+        if self.he:  # the encrypted global model is restored with the backend
             if not (Path(folder) / HE_GLOBAL_NPZ).is_file():
                 raise FileNotFoundError(f"resume_from={folder}: he=True but there is no {HE_GLOBAL_NPZ}")
-            params = {}
+            params: Params = {}
         else:
             with np.load(Path(folder) / GLOBAL_NPZ) as npz:
                 params = {k: npz[k] for k in npz.files}
         self._scheme.load_state_dict(state.get("scheme_state") or {})
         return int(state["round"]), params, list(state.get("rows", []))
 
-    # -- HE helpers ----------------------------------------------------------------------------
-    def _start_he(self, initial: dict[str, np.ndarray]):
-        """The server's encrypted global model, from the initial model or the state to resume."""
-        from fedweigh.flare.secure_statistics import load_role_context
-        from fedweigh.secure_updates import EncryptedGlobalModel
+    def _backend(self, initial: Params) -> AggregationBackend:
+        """Plaintext theta_g, or under HE the server's encrypted global model (restored on resume)."""
+        if not self.he:
+            return PlaintextBackend(initial)
+        from fedweigh.secure.updates import EncryptedGlobalModel  # TenSEAL: loaded only under HE
 
         ctx, location = load_role_context("server")
         he_model = EncryptedGlobalModel(ctx, initial, self.he_layers)
@@ -261,53 +260,45 @@ class FedweighController(ModelController):
         )
         return he_model
 
-    def _check_he_result(self, he_model, result: FLModel, limits: ResultLimits):
-        """(ClientReport without parameters, EncryptedContribution) of one HE training result."""
-        from fedweigh.flare.validation import check_count, check_scalars
-        from fedweigh.secure_updates import he_required_scalars
-        from fedweigh.weighting.base import ClientReport
-
-        meta = result.meta or {}
-        site = meta.get("client_name", "?")
-        if META_NUM_SAMPLES not in meta:
-            raise InvalidClientResult(f"{site}: meta lacks {META_NUM_SAMPLES!r}")
-        n = check_count(site, META_NUM_SAMPLES, meta[META_NUM_SAMPLES], limits.max_num_samples)
-        steps = check_count(
-            site, "NUM_STEPS_CURRENT_ROUND", meta.get("NUM_STEPS_CURRENT_ROUND", 1), limits.max_num_steps
-        )
-        scalars = check_scalars(site, meta.get(META_SCALARS), he_required_scalars(self._scheme), limits)
-        try:
-            contribution = he_model.check_result(site, result.params)
-        except ValueError as e:
-            raise InvalidClientResult(str(e)) from None
-        return ClientReport(name=site, num_samples=n, num_steps=steps, scalars=scalars), contribution
+    def _start_round(self, t: int, backend: AggregationBackend) -> None:
+        """NVFlare's round bookkeeping, as its ``FedAvg`` does: the round (0-based) and, in plaintext,
+        the global model the sites receive in the context, then ``ROUND_STARTED``."""
+        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, t - 1, private=True, sticky=False)
+        if not backend.encrypted:
+            learnable = FLModelUtils.to_model_learnable(
+                FLModel(params_type=ParamsType.FULL, params=backend.task_params())
+            )
+            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+        self.event(AppEventType.ROUND_STARTED)
 
     # -- the workflow --------------------------------------------------------------------------
     def run(self) -> None:
-        from fedweigh.weighting.base import ClientReport
-
         out_dir = self._out_dir()
+        self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, self.num_rounds, private=True, sticky=False)
         start_round, rows = 1, []
+        model = self.load_model()
         if self.resume_from:
             last, params, rows = self._load_state(self.resume_from)
-            model = FLModel(params_type=ParamsType.FULL, params=params)
+            if not self.he:  # under HE the values come from the HE state, names and shapes from the model
+                model = FLModel(params_type=ParamsType.FULL, params=params)
             start_round = last + 1
             self.info(f"resuming from {self.resume_from} after round {last}")
-        else:
-            model = self.load_model()
-        if self.he and self.resume_from:
-            model = self.load_model()  # names, shapes and dtypes; the values come from the HE state
-        global_params = _to_numpy(model.params)
-        he_model = self._start_he(global_params) if self.he else None
+        backend = self._backend(to_numpy_dict(model.params))
+        step = RoundStep(
+            self._scheme,
+            backend,
+            num_rounds=self.num_rounds,
+            min_clients=self.min_clients,
+            max_share=self.max_share,
+            limits=ResultLimits(max_num_samples=self.max_num_samples),
+            log=self.warning,
+        )
         recorder = RoundRecorder(out_dir, self.scheme, rows)
-        limits = ResultLimits(max_num_samples=self.max_num_samples)
         all_sites = [c.name for c in self.engine.get_clients()]
 
         if self.statistics != "none" and (
             self._scheme.needs_global_histogram or self.loss_needs_global_stats
         ):
-            from fedweigh.flare.statistics import run_statistics_phase
-
             run_statistics_phase(self, sorted(all_sites), self.statistics)
 
         stopped = False
@@ -323,125 +314,55 @@ class FedweighController(ModelController):
                 self.info("abort signal received; stopping")
                 break
             t0 = time.perf_counter()
+            self._start_round(t, backend)
             targets = sample_sites(all_sites, self.sample_fraction, self.min_clients, self.seed, t)
             self.info(f"round {t}/{self.num_rounds}: sites {targets}")
-            plan = client_plan(self.scheme, self.scheme_args, self._scheme)
-            task_params, task_meta = global_params, {META_PLAN: plan}
-            if he_model is not None:
-                from fedweigh.secure_updates import META_HE, he_required_scalars
-
-                plan["scalars"] = list(he_required_scalars(self._scheme))
-                task_params, task_meta = he_model.task_params(), {META_PLAN: plan, META_HE: he_model.meta()}
             task_model = FLModel(
                 params_type=ParamsType.FULL,
-                params=task_params,
+                params=backend.task_params(),
                 current_round=t - 1,  # NVFlare counts rounds from 0
                 total_rounds=self.num_rounds,
-                meta=task_meta,
+                meta={META_PLAN: step.plan(self.scheme, self.scheme_args), **backend.task_meta()},
             )
             results = self.ask_sites(TASK_TRAIN, task_model, targets, self.min_clients)
-            reports, valid_results, contributions = [], [], []
-            excluded: dict[str, str] = {}
-            for r in results:
-                site = (r.meta or {}).get("client_name", "?")
-                if he_model is not None:
-                    try:
-                        report, contribution = self._check_he_result(he_model, r, limits)
-                    except InvalidClientResult as e:
-                        self.warning(f"round {t}: skipping result: {e}")
-                        excluded[site] = str(e)
-                        continue
-                    reports.append(report)
-                    contributions.append(contribution)
-                    valid_results.append(r)
-                    continue
-                try:
-                    params, n, steps, scalars = check_train_result(
-                        site, r.params, r.meta, global_params, self._scheme.required_scalars, limits
-                    )
-                except InvalidClientResult as e:
-                    self.warning(f"round {t}: skipping result: {e}")
-                    excluded[site] = str(e)
-                    continue
-                reports.append(
-                    ClientReport(
-                        name=site,
-                        num_samples=n,
-                        num_steps=steps,
-                        scalars=scalars,
-                        params=params,
-                    )
-                )
-                valid_results.append(r)
-            answered = {(r.meta or {}).get("client_name") for r in results}
-            for site in targets:
-                if site not in answered:
-                    excluded[site] = "no result (failed, or no answer within train_timeout)"
-                    self.warning(f"round {t}: {site} sent no valid result in time; left out of this round")
-            if valid_results:
-                recorder.set_metrics(t - 1, mean_metrics([r.metrics or {} for r in valid_results]))
-            if len(reports) < self.min_clients:
-                self.warning(
-                    f"round {t}: {len(reports)} valid result(s), fewer than min_clients={self.min_clients}; "
-                    "the global model is left unchanged"
-                )
-                recorder.set_excluded(t, excluded, updated=False)
-                recorder.flush()
-                continue
-            try:
-                if he_model is not None:
-                    update = he_model.aggregate(
-                        self._scheme, reports, contributions, t, self.num_rounds, self.max_share
-                    )
-                else:
-                    update = weigh_and_aggregate(
-                        self._scheme, global_params, reports, t, self.num_rounds, self.max_share
-                    )
-            except ValueError as e:
-                self.warning(
-                    f"round {t}: the scheme could not weight this round ({e}); global model unchanged"
-                )
-                recorder.set_excluded(t, excluded, updated=False)
-                recorder.flush()
-                continue
-            global_params, wmap, values = update.params, update.weights, update.values
-            recorder.set_excluded(t, excluded, updated=True)
-            results = reports = valid_results = contributions = update = None  # this round's client models
-            if self.memory_gc_rounds and t % self.memory_gc_rounds == 0:
-                from nvflare.fuel.utils.memory_utils import cleanup_memory
-
-                cleanup_memory()
-            values["round_seconds"] = time.perf_counter() - t0
-            values.update(_server_memory_mb())
-            recorder.set_round(t, wmap, values)
-            self.info(f"round {t}: weights " + ", ".join(f"{k}={v:.3f}" for k, v in wmap.items()))
-
-            if he_model is not None:  # no plaintext model to persist: the state keeps the ciphertext
-                self._save_state(out_dir, t, None, recorder.rows, he_model=he_model)
-                recorder.flush()
-                continue
-            model = FLModel(
-                params_type=ParamsType.FULL,
-                params=global_params,
-                current_round=t - 1,
-                total_rounds=self.num_rounds,
+            self.event(AppEventType.BEFORE_AGGREGATION)
+            outcome = step.run(t, [client_result(r) for r in results], targets)
+            results = task_model = None  # this round's client models
+            aggregated = FLModel(
+                params_type=ParamsType.FULL, params=outcome.params or {}, metrics=outcome.metrics
             )
-            self.save_model(model)
-            self._save_state(out_dir, t, global_params, recorder.rows)
+            self.fire_event_with_data(
+                AppEventType.AFTER_AGGREGATION, self.fl_ctx, AppConstants.AGGREGATION_RESULT, aggregated
+            )
+            aggregated = None
+            if not outcome.updated:
+                recorder.add_outcome(outcome)
+                recorder.flush()
+                continue
+            if self.memory_gc_rounds and t % self.memory_gc_rounds == 0:
+                cleanup_memory()
+            recorder.add_outcome(outcome, round_seconds=time.perf_counter() - t0, **_server_memory_mb())
+            self.info(f"round {t}: weights " + ", ".join(f"{k}={v:.3f}" for k, v in outcome.weights.items()))
+            if not backend.encrypted:  # under HE there is no plaintext model to persist
+                self.save_model(
+                    FLModel(
+                        params_type=ParamsType.FULL,
+                        params=backend.task_params(),
+                        current_round=t - 1,
+                        total_rounds=self.num_rounds,
+                    )
+                )
+            self._save_state(out_dir, t, backend, recorder.rows)
             recorder.flush()
 
-        if not stopped and (self.evaluate_final or he_model is not None):
+        if not stopped and (self.evaluate_final or backend.encrypted):
             # under HE this task delivers theta_g^T to the sites
-            final = FLModel(params_type=ParamsType.FULL, params=global_params, current_round=self.num_rounds)
-            if he_model is not None:
-                from fedweigh.secure_updates import META_HE
-
-                final = FLModel(
-                    params_type=ParamsType.FULL,
-                    params=he_model.task_params(),
-                    current_round=self.num_rounds,
-                    meta={META_HE: he_model.meta()},
-                )
+            final = FLModel(
+                params_type=ParamsType.FULL,
+                params=backend.task_params(),
+                current_round=self.num_rounds,
+                meta=backend.task_meta(),
+            )
             results = self.ask_sites(TASK_VALIDATE, final, sorted(all_sites), 1)
             ok = [r for r in results if r.metrics and (r.meta or {}).get(META_NUM_SAMPLES) is not None]
             if ok:

@@ -24,7 +24,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from fedweigh.flare.client import ClientArgs
+import fedweigh
+from fedweigh.flare.recipes import MethodRecipe
+from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME
+from fedweigh.methods import FEDERATED_METHODS
+from fedweigh.site import ClientArgs
 
 #: Settings of the SynthCXR jobs: 4 hospitals with quantity skew and acquisition shift, compact DenseNet.
 SYNTHCXR_CLIENT = ClientArgs(dataset="synthcxr", scenario="quantity-shift", num_images=12000, epochs=1)
@@ -41,30 +45,22 @@ CHEXPERT_CLIENT = ClientArgs(
 
 
 def _job(method: str, client: ClientArgs, rounds: int, sites: int, **recipe_options) -> Callable:
-    def make(name: str, bundle: bool = False):
-        from fedweigh.flare import recipes
-
-        common = {
-            "name": name,
-            "num_rounds": rounds,
-            "min_clients": sites,
-            "client": client,
-            "bundle": bundle,
+    def make(name: str, bundle: bool = False) -> MethodRecipe:
+        return MethodRecipe(
+            method=method,
+            name=name,
+            num_rounds=rounds,
+            min_clients=sites,
+            client=client,
+            bundle=bundle,
             **recipe_options,
-        }
-        if method == "feddraw":
-            return recipes.FedDRAWRecipe(**common)
-        if method == "fedbb":
-            return recipes.FedBBRecipe(**common)
-        if method == "dafl":
-            return recipes.DAFLRecipe(**common)
-        return recipes.BaselineRecipe(baseline=method, **common)
+        )
 
     return make
 
 
-#: The methods with one SynthCXR job each.
-METHODS = ("feddraw", "fedbb", "dafl", "fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa")
+#: The methods with one SynthCXR job each: every method of the catalogue.
+METHODS = FEDERATED_METHODS
 
 #: job folder name -> factory(name) -> Recipe
 JOB_CATALOGUE: dict[str, Callable] = {
@@ -116,8 +112,6 @@ def bundle_package(job_dir: str | Path) -> None:
     ``__init__`` files, none of the modules imported inside functions or by name), which is not a
     package a site without fedweigh can import; the complete package replaces it.
     """
-    import fedweigh
-
     package = Path(fedweigh.__file__).resolve().parent
     for app in app_folders(job_dir):
         target = app / CUSTOM_FOLDER / package.name
@@ -133,8 +127,6 @@ def make_site_installed(job_dir: str | Path) -> None:
     :class:`~fedweigh.flare.site_executor.InstalledClientExecutor` with the same arguments, and the
     apps' ``custom/`` folders are removed (a job with ``custom/`` is bring-your-own-code for NVFlare).
     """
-    from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME
-
     for app in app_folders(job_dir):
         config_path = app / CONFIG_FOLDER / CLIENT_CONFIG
         if config_path.is_file():

@@ -6,21 +6,28 @@
 
 Every recipe pairs the :class:`~fedweigh.flare.controller.FedweighController` (server) with the
 fedweigh Client API script (clients) and a PyTorch model persistor for
-:class:`~fedweigh.models.FedweighNet`.
+:class:`~fedweigh.models.FedweighNet`. :class:`MethodRecipe` builds any method of the catalogue
+(:data:`fedweigh.methods.METHODS`) by name; :class:`FedDRAWRecipe`, :class:`FedBBRecipe`,
+:class:`DAFLRecipe` and :class:`BaselineRecipe` are thin subclasses that fix the method and name its
+options.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.app_opt.pt.job_config.model import PTModel
 from nvflare.job_config.script_runner import ScriptRunner
 from nvflare.recipe.spec import Recipe
 
-from fedweigh.flare.client import ClientArgs
+from fedweigh.data import dataset_info
 from fedweigh.flare.controller import FedweighController
+from fedweigh.losses import loss_uses_global_stats
+from fedweigh.methods import BASELINES, method_spec
+from fedweigh.site import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
 CLIENT_SCRIPT = str(Path(__file__).with_name("fedweigh_client.py"))
@@ -35,8 +42,6 @@ class ClientScriptRunner(ScriptRunner):
     """
 
     def add_to_fed_job(self, job, ctx, **kwargs):
-        from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
-
         tasks = kwargs.get("tasks", ["*"])
         executor = ClientAPIExecutor(
             task_script_path=Path(self._script).name,
@@ -68,14 +73,6 @@ class ModelSpec:
         return {"path": "fedweigh.models.FedweighNet", "args": asdict(self)}
 
 
-@dataclass
-class SchemeSpec:
-    """Which weighting scheme the server runs, with its options."""
-
-    name: str = "fedavg"
-    args: dict = field(default_factory=dict)
-
-
 class FedweighRecipe(Recipe):
     """A fedweigh job: a weighting scheme at the server, the shared training script at the sites.
 
@@ -95,7 +92,7 @@ class FedweighRecipe(Recipe):
         stop_after: end the run after that round; continue it with ``resume_from``.
         bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
             deployment); by default the job expects fedweigh installed where it runs.
-        he: homomorphically encrypted model updates (CKKS, :mod:`fedweigh.secure_updates`): the
+        he: homomorphically encrypted model updates (CKKS, :mod:`fedweigh.secure.updates`): the
             server aggregates ciphertexts with the scheme's weights and never sees an update or,
             after round 1, the global model. Refused (ValueError naming the scheme and the reason)
             for schemes that need plaintext client models: IDA, FedAWA, FedAdp, FedDRAW with
@@ -127,8 +124,6 @@ class FedweighRecipe(Recipe):
         max_share: float | None = None,
         stop_after: int | None = None,
     ):
-        from fedweigh.data import dataset_info
-
         self.client_args = client or ClientArgs()
         if model is None:
             info = dataset_info(self.client_args.dataset)
@@ -140,7 +135,7 @@ class FedweighRecipe(Recipe):
                 seed=seed,
             )
         self.model_spec = model
-        loss_needs_stats = self.client_args.loss in ("pnb", "dafl", "class_balanced") and statistics != "none"
+        loss_needs_stats = loss_uses_global_stats(self.client_args.loss) and statistics != "none"
         job = BaseFedJob(name=name, min_clients=min_clients, key_metric="val_auc")
         if not bundle:
             job.set_app_packages(["fedweigh"])
@@ -172,15 +167,50 @@ class FedweighRecipe(Recipe):
 
 def _client_with_loss(client: ClientArgs | None, loss: str, loss_options: dict | None) -> ClientArgs:
     """``client`` (or the defaults) with the method's loss, unless the caller chose one."""
-    from dataclasses import replace
-
     client = client or ClientArgs()
     if client.loss == "default":
         client = replace(client, loss=loss, loss_options=dict(loss_options or client.loss_options))
     return client
 
 
-class FedDRAWRecipe(FedweighRecipe):
+class MethodRecipe(FedweighRecipe):
+    """A method of the catalogue (:data:`fedweigh.methods.METHODS`) by name: its scheme at the server,
+    its loss at the sites (unless ``client`` names another), and the label-statistics phase
+    (``"secure"``) when the scheme or the loss needs the global histogram.
+
+    Args:
+        method: catalogue name (``feddraw``, ``fedbb``, ``dafl``, ``fedavg``, ...).
+        scheme_args: options of the method's weighting scheme.
+        loss_options: options of the method's loss.
+        statistics: override the statistics mode (``"none"``, ``"plain"``, ``"secure"``).
+        Other keywords: as :class:`FedweighRecipe`.
+    """
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        name: str | None = None,
+        scheme_args: dict | None = None,
+        loss_options: dict | None = None,
+        client: ClientArgs | None = None,
+        statistics: str | None = None,
+        **kwargs,
+    ):
+        spec = method_spec(method, scheme_args, loss_options)
+        if statistics is None:
+            statistics = "secure" if spec.needs_statistics() else "none"
+        super().__init__(
+            name=name or method,
+            scheme=str(spec.scheme),
+            scheme_args=scheme_args,
+            client=_client_with_loss(client, spec.loss, spec.loss_options),
+            statistics=statistics,
+            **kwargs,
+        )
+
+
+class FedDRAWRecipe(MethodRecipe):
     """FedDRAW: size prior + spread cosine similarity, inner and deferred outer schedules.
 
     ``feddraw`` holds the scheme's options (see :class:`fedweigh.weighting.feddraw.FedDRAWWeights`),
@@ -188,73 +218,35 @@ class FedDRAWRecipe(FedweighRecipe):
     """
 
     def __init__(self, *, name: str = "feddraw", feddraw: dict | None = None, **kwargs):
-        super().__init__(name=name, scheme="feddraw", scheme_args=feddraw, **kwargs)
+        super().__init__(method="feddraw", name=name, scheme_args=feddraw, **kwargs)
 
 
-class FedBBRecipe(FedweighRecipe):
+class FedBBRecipe(MethodRecipe):
     """FedBB: Positive-Negative Balanced loss at the sites + Client Balanced Reweighting at the server.
 
     ``cbr`` holds CBR's options (``skew``, ``gamma``); ``pnb`` the loss options (``mu``, ``beta``,
     ``negatives``). The label statistics phase runs by default (the PNB loss may use the global histogram).
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "fedbb",
-        cbr: dict | None = None,
-        pnb: dict | None = None,
-        client: ClientArgs | None = None,
-        statistics: str = "secure",
-        **kwargs,
-    ):
-        super().__init__(
-            name=name,
-            scheme="cbr",
-            scheme_args=cbr,
-            client=_client_with_loss(client, "pnb", pnb),
-            statistics=statistics,
-            **kwargs,
-        )
+    def __init__(self, *, name: str = "fedbb", cbr: dict | None = None, pnb: dict | None = None, **kwargs):
+        super().__init__(method="fedbb", name=name, scheme_args=cbr, loss_options=pnb, **kwargs)
 
 
-class DAFLRecipe(FedweighRecipe):
+class DAFLRecipe(MethodRecipe):
     """DAFL: dynamic adaptive focal loss at the sites + distribution-aware aggregation at the server.
 
     The loss needs the global class histogram and c_client = sum_k N_k c_k / N, both from the label
     statistics phase. ``dafl`` holds the aggregation options (``mode``), ``loss`` the loss options.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str = "dafl",
-        dafl: dict | None = None,
-        loss: dict | None = None,
-        client: ClientArgs | None = None,
-        statistics: str = "secure",
-        **kwargs,
-    ):
-        super().__init__(
-            name=name,
-            scheme="dafl",
-            scheme_args=dafl,
-            client=_client_with_loss(client, "dafl", loss),
-            statistics=statistics,
-            **kwargs,
-        )
+    def __init__(self, *, name: str = "dafl", dafl: dict | None = None, loss: dict | None = None, **kwargs):
+        super().__init__(method="dafl", name=name, scheme_args=dafl, loss_options=loss, **kwargs)
 
 
-#: The seven federated baselines FedDRAW is compared with.
-BASELINES = ("fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa")
-
-
-class BaselineRecipe(FedweighRecipe):
+class BaselineRecipe(MethodRecipe):
     """One of the baselines (FedAvg, FedProx, FedNova, FedAdp, IDA, FedDisco, FedAWA) by name."""
 
     def __init__(self, *, baseline: str, name: str | None = None, scheme_args: dict | None = None, **kwargs):
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
-        if baseline == "feddisco":
-            kwargs.setdefault("statistics", "secure")
-        super().__init__(name=name or baseline, scheme=baseline, scheme_args=scheme_args, **kwargs)
+        super().__init__(method=baseline, name=name or baseline, scheme_args=scheme_args, **kwargs)

@@ -23,15 +23,25 @@ from .pnb import PNBLoss, pnb_alphas
 
 LossBuilder = Callable[..., ClientLoss]
 
-#: name -> builder ``(ctx: LossContext, **options) -> ClientLoss``
-LOSSES: dict[str, LossBuilder] = {
-    "bce": BCELoss.from_context,
-    "ce": CELoss.from_context,
-    "focal": FocalLoss.from_context,
-    "class_balanced": ClassBalancedLoss.from_context,
-    "pnb": PNBLoss.from_context,
-    "dafl": DAFLLoss.from_context,
+#: name -> loss class (each builds itself with ``from_context(ctx, **options)``)
+LOSS_CLASSES: dict[str, type[ClientLoss]] = {
+    "bce": BCELoss,
+    "ce": CELoss,
+    "focal": FocalLoss,
+    "class_balanced": ClassBalancedLoss,
+    "pnb": PNBLoss,
+    "dafl": DAFLLoss,
 }
+
+#: name -> builder ``(ctx: LossContext, **options) -> ClientLoss``
+LOSSES: dict[str, LossBuilder] = {name: cls.from_context for name, cls in LOSS_CLASSES.items()}
+
+
+def loss_uses_global_stats(name: str) -> bool:
+    """Whether the loss ``name`` reads the federation's label histogram (``default``: BCE/CE, no)."""
+    cls = LOSS_CLASSES.get(name)
+    return bool(cls is not None and cls.uses_global_stats)
+
 
 _DEFAULT_BY_TASK = {"multilabel": "bce", "multiclass": "ce"}
 
@@ -62,6 +72,7 @@ def build_loss(name: str, ctx: LossContext, **options: Any) -> ClientLoss:
 
 __all__ = [
     "LOSSES",
+    "LOSS_CLASSES",
     "BCELoss",
     "CELoss",
     "ClassBalancedLoss",
@@ -75,5 +86,6 @@ __all__ = [
     "dafl_coefficients",
     "inverse_effective_number",
     "loss_options",
+    "loss_uses_global_stats",
     "pnb_alphas",
 ]

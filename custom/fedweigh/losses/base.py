@@ -11,7 +11,7 @@ A loss is built once per client (and per round for the "dynamic" schemes) from a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -85,8 +85,13 @@ class LossContext:
 
 
 class ClientLoss(nn.Module):
-    """Base class: ``forward(logits, targets) -> scalar``; ``penalty(model)`` for model-dependent terms."""
+    """Base class: ``forward(logits, targets) -> scalar``; ``penalty(model)`` for model-dependent terms.
 
+    ``uses_global_stats`` declares that the loss reads the federation's label histogram (the
+    statistics phase runs before training when a method's loss declares it).
+    """
+
+    uses_global_stats: ClassVar[bool] = False
     task: Task
 
     def penalty(self, model: nn.Module) -> torch.Tensor:

@@ -12,6 +12,8 @@ weight 0 (it has no samples to weight); the others are normalised so that all C 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -64,6 +66,8 @@ def class_balanced_weights(counts: np.ndarray, beta: float) -> np.ndarray:
 
 class ClassBalancedLoss(ClientLoss):
     """Class-balanced BCE (multilabel) or CE (multiclass) with effective-number class weights."""
+
+    uses_global_stats: ClassVar[bool] = True
 
     def __init__(
         self, task: str, class_counts: np.ndarray, beta: float = 0.9999, weight_negatives: bool = False

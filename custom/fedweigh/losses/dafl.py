@@ -22,7 +22,7 @@ The authors' optional L1 term l1 * ||theta||_1 (their value 1e-6) needs the mode
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -83,6 +83,8 @@ def dafl_class_weights(c: np.ndarray, normalize: str) -> np.ndarray:
 
 class DAFLLoss(ClientLoss):
     """DAFL's class-weighted focal loss (softmax for multiclass, sigmoid per finding for multilabel)."""
+
+    uses_global_stats: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ convention). Never NaN or inf.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -82,6 +82,8 @@ def pnb_negative_counts(ctx: LossContext, negatives: str = "text") -> np.ndarray
 
 class PNBLoss(ClientLoss):
     """FedBB's PNB loss from per-class positive and negative counts."""
+
+    uses_global_stats: ClassVar[bool] = True
 
     def __init__(
         self,

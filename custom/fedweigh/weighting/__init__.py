@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedweigh.weighting.base import ClientReport, WeightingScheme
+from fedweigh.weighting.base import ClientReport, HEIncompatibleScheme, WeightingScheme
 from fedweigh.weighting.cbr import CBRWeights, imbalance_cv
 from fedweigh.weighting.dafl import DAFLWeights
 from fedweigh.weighting.fedadp import FedAdpWeights
@@ -68,6 +68,7 @@ __all__ = [
     "FedDiscoWeights",
     "FedNovaWeights",
     "FedProxWeights",
+    "HEIncompatibleScheme",
     "IDAWeights",
     "WeightingScheme",
     "get_scheme",

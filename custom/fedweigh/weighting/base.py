@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from fedweigh.arrays import check_same_layout
+
 Params = dict[str, np.ndarray]
 IntegerBufferRule = Literal["weighted", "max"]
 
@@ -136,17 +138,7 @@ def check_params_match(
     name: str, params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray]
 ) -> None:
     """Raise ValueError naming the client and key if its parameters differ in keys or shapes."""
-    missing = [k for k in global_params if k not in params]
-    if missing:
-        raise ValueError(f"client {name!r}: parameters lack {len(missing)} key(s), first {missing[0]!r}")
-    extra = [k for k in params if k not in global_params]
-    if extra:
-        raise ValueError(f"client {name!r}: unexpected parameter key(s), first {extra[0]!r}")
-    for k, g in global_params.items():
-        if np.shape(params[k]) != np.shape(g):
-            raise ValueError(
-                f"client {name!r}: parameter {k!r} has shape {np.shape(params[k])}, global has {np.shape(g)}"
-            )
+    check_same_layout(f"client {name!r}", params, global_params, finite=False)
 
 
 def _first_nonfinite(reports: Sequence[ClientReport], key: str) -> str:
@@ -157,14 +149,20 @@ def _first_nonfinite(reports: Sequence[ClientReport], key: str) -> str:
     return "<global parameters>"
 
 
+class HEIncompatibleScheme(ValueError):
+    """A weighting scheme that needs plaintext client models was asked to run under HE."""
+
+
 @dataclass(kw_only=True)
 class WeightingScheme(ABC):
     """Base class of every server-side weighting scheme.
 
     Class attributes declare what a scheme needs (a mode-dependent scheme may override them per
-    instance): ``needs_params`` (plaintext client parameters at the server), ``needs_global_histogram``
-    (clients need the securely aggregated global label histogram), ``he_compatible`` (usable when
-    updates are homomorphically encrypted) and ``required_scalars`` (client-reported scalars).
+    instance): ``needs_global_histogram`` (clients need the securely aggregated global label
+    histogram), ``he_compatible`` (usable when updates are homomorphically encrypted, i.e. the scheme
+    weights without plaintext client models; ``he_refusal`` says why not), ``required_scalars``
+    (client-reported scalars) and ``he_client_scalars`` (what clients must report under HE instead of
+    the server computing it). :meth:`scalars`, :meth:`check_he` and :attr:`fedprox_mu` read them.
 
     integer_buffers: how ``aggregate`` treats non-float arrays such as BatchNorm's
         ``num_batches_tracked``: "weighted" (default) adds round(sum_k w_k (b_k - b_g)) to the global
@@ -173,10 +171,14 @@ class WeightingScheme(ABC):
     """
 
     name: ClassVar[str] = ""
-    needs_params: ClassVar[bool] = False
     needs_global_histogram: ClassVar[bool] = False
     he_compatible: ClassVar[bool] = True
     required_scalars: ClassVar[tuple[str, ...]] = ()
+    #: Scalars the server computes from plaintext parameters when a client does not report them;
+    #: under HE every client must report them (FedDRAW's similarity).
+    he_client_scalars: ClassVar[tuple[str, ...]] = ()
+    #: Why the scheme cannot run under HE (shown when a job asks for it; empty if it can).
+    he_refusal: ClassVar[str] = ""
 
     integer_buffers: IntegerBufferRule = "weighted"
     #: Intermediate quantities of the last ``weights`` call (for logging; not state).
@@ -185,6 +187,30 @@ class WeightingScheme(ABC):
     def __post_init__(self) -> None:
         if self.integer_buffers not in ("weighted", "max"):
             raise ValueError(f"integer_buffers must be 'weighted' or 'max', got {self.integer_buffers!r}")
+
+    # ----------------------------------------------------------------------------------- needs
+    @property
+    def fedprox_mu(self) -> float:
+        """The proximal coefficient mu the clients add to their loss, (mu / 2) ||theta - theta_g||^2 (0: none)."""
+        return 0.0
+
+    def scalars(self, *, encrypted: bool = False) -> tuple[str, ...]:
+        """The scalars every client must report: the scheme's own, and under HE (``encrypted``) also
+        those the server would otherwise compute from plaintext parameters (``he_client_scalars``)."""
+        extra = self.he_client_scalars if encrypted and self.he_compatible else ()
+        return tuple(dict.fromkeys([*self.required_scalars, *extra]))
+
+    def check_he(self) -> None:
+        """Raise :class:`HEIncompatibleScheme` naming the scheme and the reason if it cannot run under HE."""
+        if self.he_compatible:
+            return
+        reason = self.he_refusal or f"{self.name} needs the clients' plaintext parameters at the server"
+        raise HEIncompatibleScheme(
+            f"scheme {self.name!r} cannot run with homomorphically encrypted updates (he=True): {reason}. "
+            "Under HE the server sees only ciphertexts and scalars. Choose a scheme that weights from "
+            "sample counts, steps and client-reported scalars (fedavg, fedprox, fednova, feddisco, cbr, "
+            "dafl, feddraw with similarity='params' or 'layer'), or run without HE."
+        )
 
     # ----------------------------------------------------------------------------------- client side
     def client_scalars(

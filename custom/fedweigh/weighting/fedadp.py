@@ -40,8 +40,11 @@ class FedAdpWeights(WeightingScheme):
     """Size times exp(Gompertz(smoothed angle to the mean update)), normalised."""
 
     name: ClassVar[str] = "fedadp"
-    needs_params: ClassVar[bool] = True
     he_compatible: ClassVar[bool] = False
+    he_refusal: ClassVar[str] = (
+        "FedAdp weights each client by the angle between its update and the round's mean "
+        "update, which the server computes from plaintext client updates"
+    )
 
     alpha: float = 5.0
     smoothed_angle: dict[str, float] = field(default_factory=dict, init=False)

@@ -51,3 +51,8 @@ class FedProxWeights(FedAvgWeights):
         super().__post_init__()
         if not math.isfinite(self.client_mu) or self.client_mu < 0:
             raise ValueError(f"fedprox: client_mu must be a finite number >= 0, got {self.client_mu!r}")
+
+    @property
+    def fedprox_mu(self) -> float:
+        """mu = ``client_mu``: the clients' proximal coefficient."""
+        return float(self.client_mu)

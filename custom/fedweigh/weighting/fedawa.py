@@ -57,8 +57,11 @@ class FedAWAWeights(WeightingScheme):
     """lambda = softmax(T); one Adam step on T per round after the weights are handed out."""
 
     name: ClassVar[str] = "fedawa"
-    needs_params: ClassVar[bool] = True
     he_compatible: ClassVar[bool] = False
+    he_refusal: ClassVar[str] = (
+        "FedAWA optimises its weights on the client vectors Delta_k (their Gram matrix and "
+        "cosines with the global model), which the server computes from plaintext client models"
+    )
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.5, 0.999)

@@ -71,6 +71,12 @@ class FedDRAWWeights(WeightingScheme):
     """
 
     name: ClassVar[str] = "feddraw"
+    he_client_scalars: ClassVar[tuple[str, ...]] = ("similarity",)
+    he_refusal: ClassVar[str] = (
+        "FedDRAW with similarity='delta' compares each update with the weighted mean of all "
+        "updates, which only the server could compute from plaintext updates; use similarity='params' "
+        "or 'layer', which each site computes itself"
+    )
 
     similarity: SimilarityMode = "params"
     inner: str = "linear"
@@ -103,7 +109,6 @@ class FedDRAWWeights(WeightingScheme):
         if not math.isfinite(self.rate) or self.rate <= 0:
             raise ValueError(f"feddraw: rate must be a positive number, got {self.rate!r}")
         # Mode "delta" needs all deltas at the server: plaintext only.
-        self.needs_params = self.similarity == "delta"  # type: ignore[misc]
         self.he_compatible = self.similarity != "delta"  # type: ignore[misc]
 
     def client_scalars(

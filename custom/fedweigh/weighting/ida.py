@@ -28,8 +28,11 @@ class IDAWeights(WeightingScheme):
     """Inverse distance of each client model to the plain mean of the client models."""
 
     name: ClassVar[str] = "ida"
-    needs_params: ClassVar[bool] = True
     he_compatible: ClassVar[bool] = False
+    he_refusal: ClassVar[str] = (
+        "IDA weights each client by the inverse distance between its model and the mean of the "
+        "round's client models, which the server computes from plaintext client models"
+    )
 
     eps: float = 1e-12
 

@@ -1,4 +1,10 @@
-"""Server-side checks of a client result before it can influence the global model."""
+"""Server-side checks of a client result before it can influence the global model.
+
+Every check takes plain values (counts, scalars, arrays), so the NVFlare controller, the stock-FedAvg
+aggregator, the encrypted path and the benchmark judge a result by the same rules. A failed check
+raises :class:`InvalidClientResult` naming the site and the problem; the round step leaves that site
+out of the round with the message as its reason.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedweigh.flare.constants import META_NUM_SAMPLES, META_SCALARS
+from fedweigh.arrays import check_same_layout
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
 
 
 class InvalidClientResult(ValueError):
@@ -24,18 +31,21 @@ class ResultLimits:
     max_abs_scalar: float = 1e12
 
 
-def _as_array(value) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
+@dataclass
+class CheckedMeta:
+    """The validated counts and scalars of one training result."""
+
+    num_samples: int
+    num_steps: int
+    scalars: dict[str, float]
 
 
-def check_count(site: str, field: str, value, upper: int) -> int:
-    """A non-negative integer count within ``upper``."""
+def check_count(site: str, field: str, value: object, upper: int) -> int:
+    """A positive integer count within ``upper``."""
     if isinstance(value, bool) or value is None:
         raise InvalidClientResult(f"{site}: {field} must be an integer, got {value!r}")
     try:
-        as_float = float(value)
+        as_float = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise InvalidClientResult(f"{site}: {field} must be an integer, got {value!r}") from None
     if not math.isfinite(as_float) or as_float != int(as_float):
@@ -51,29 +61,18 @@ def check_count(site: str, field: str, value, upper: int) -> int:
 def check_params(
     site: str, params: Mapping | None, reference: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Same keys and shapes as the global model, all values finite."""
+    """Same keys and shapes as the global model, real-valued, all values finite."""
     if not params:
         raise InvalidClientResult(f"{site}: result holds no parameters")
-    missing = sorted(set(reference) - set(params))
-    unexpected = sorted(set(params) - set(reference))
-    if missing or unexpected:
-        raise InvalidClientResult(
-            f"{site}: parameter keys differ from the global model (missing {missing[:5]}, unexpected {unexpected[:5]})"
-        )
-    out: dict[str, np.ndarray] = {}
-    for key, ref in reference.items():
-        arr = _as_array(params[key])
-        if arr.shape != np.shape(ref):
-            raise InvalidClientResult(
-                f"{site}: parameter {key!r} has shape {arr.shape}, expected {np.shape(ref)}"
-            )
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise InvalidClientResult(f"{site}: parameter {key!r} holds non-finite values")
-        out[key] = arr
-    return out
+    try:
+        return check_same_layout(site, params, reference)
+    except ValueError as e:
+        raise InvalidClientResult(str(e)) from None
 
 
-def check_scalars(site: str, scalars, required: tuple[str, ...], limits: ResultLimits) -> dict[str, float]:
+def check_scalars(
+    site: str, scalars: object, required: tuple[str, ...], limits: ResultLimits
+) -> dict[str, float]:
     """The scalars a scheme needs, present, finite and within range."""
     if scalars is None:
         scalars = {}
@@ -96,24 +95,45 @@ def check_scalars(site: str, scalars, required: tuple[str, ...], limits: ResultL
     return out
 
 
-def check_train_result(
-    site: str,
-    params: Mapping | None,
-    meta: Mapping | None,
-    reference: Mapping[str, np.ndarray],
-    required_scalars: tuple[str, ...],
-    limits: ResultLimits,
-) -> tuple[dict[str, np.ndarray], int, int, dict[str, float]]:
-    """Validated (params, num_samples, num_steps, scalars) of one training result."""
+def check_meta(
+    site: str, meta: object, required_scalars: tuple[str, ...], limits: ResultLimits
+) -> CheckedMeta:
+    """Validated N_k, local steps and scalars of one training result's meta."""
     meta = meta or {}
     if not isinstance(meta, Mapping):
         raise InvalidClientResult(f"{site}: meta must be a mapping")
     if META_NUM_SAMPLES not in meta:
         raise InvalidClientResult(f"{site}: meta lacks {META_NUM_SAMPLES!r}")
     num_samples = check_count(site, META_NUM_SAMPLES, meta[META_NUM_SAMPLES], limits.max_num_samples)
-    num_steps = check_count(
-        site, "NUM_STEPS_CURRENT_ROUND", meta.get("NUM_STEPS_CURRENT_ROUND", 1), limits.max_num_steps
-    )
+    num_steps = check_count(site, META_NUM_STEPS, meta.get(META_NUM_STEPS, 1), limits.max_num_steps)
     scalars = check_scalars(site, meta.get(META_SCALARS), required_scalars, limits)
-    checked = check_params(site, params, reference)
-    return checked, num_samples, num_steps, scalars
+    return CheckedMeta(num_samples=num_samples, num_steps=num_steps, scalars=scalars)
+
+
+def finite_metrics(metrics: object) -> dict[str, float]:
+    """The entries of a site's metrics that are finite real numbers (anything else is dropped)."""
+    if not isinstance(metrics, Mapping):
+        return {}
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool):
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            out[str(key)] = number
+    return out
+
+
+__all__ = [
+    "CheckedMeta",
+    "InvalidClientResult",
+    "ResultLimits",
+    "check_count",
+    "check_meta",
+    "check_params",
+    "check_scalars",
+    "finite_metrics",
+]

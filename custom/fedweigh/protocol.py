@@ -1,4 +1,8 @@
-"""Names shared by the fedweigh controller and client script (task names, meta keys, files)."""
+"""The wire protocol between the fedweigh server and its sites: task names, meta keys, file names.
+
+Plain constants (no NVFlare import): the NVFlare controller and client script, the round step and the
+benchmark all read them here.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,10 @@ META_PLAN = "fedweigh_plan"
 META_SCALARS = "fedweigh_scalars"
 #: Meta key of a client result holding its local training-set size N_k.
 META_NUM_SAMPLES = "num_samples"
+#: Meta key of a client result holding its local optimisation steps tau_k (NVFlare's FLMetaKey).
+META_NUM_STEPS = "NUM_STEPS_CURRENT_ROUND"
+#: Meta key of a task that carries the HE layout (fedweigh.secure.updates); its presence means HE mode.
+META_HE = "fedweigh_he"
 
 #: Files the controller writes into the server's run directory.
 METRICS_JSON = "fedweigh_metrics.json"

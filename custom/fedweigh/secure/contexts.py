@@ -1,31 +1,17 @@
-"""Encrypted sums of statistics vectors with TenSEAL CKKS, and where the keys come from.
+"""TenSEAL CKKS contexts: how they are made and serialised, and where a process finds its keys.
 
-Protocol (secure aggregation of the label statistics, docs/privacy.md): every site encrypts its
-vector v_k with the shared CKKS secret key; the server, which holds only the public context (no
-secret key), adds the ciphertexts, Enc(sum_k v_k) = sum_k Enc(v_k); the sites decrypt the sum.
-
-Encoding. CKKS encodes real numbers approximately and its error grows with the largest slot of a
-vector (double-precision FFT in the encoder: about 1e-16 x max|slot|). To keep counts exact next
-to large values such as N_k c_k (up to N_k^2), every entry x is split into two slots,
-``hi = floor(x / B)`` and ``lo = x - hi * B`` with B = 2^20, so that every slot stays below about
-2^30 even for |x| up to 2^50. One more slot holds 1.0, so the sum carries the number of
-contributions, which decryption checks (a mismatch means a site used another key). Slot layout::
-
-    [lo_1, ..., lo_L, hi_1, ..., hi_L, 1.0]
-
-After decryption the hi sums are rounded to integers (they are sums of integers) and the lo sums
-to 1e-6 (well above the CKKS noise, about 1e-9 here), so no raw CKKS decryption noise is used or
-passed on (a mitigation of key-recovery attacks on CKKS decryptions, Li & Micciancio, EUROCRYPT
-2021).
-
-Keys. The context files are those of NVFlare's ``HEBuilder`` (nvflare.lighter.impl.he): CKKS,
+The context files are those of NVFlare's ``HEBuilder`` (nvflare.lighter.impl.he): CKKS,
 poly_modulus_degree 8192, coeff_mod_bit_sizes [60, 40, 40], scale 2^40, symmetric encryption,
 ``server_context.tenseal`` without secret key and ``client_context.tenseal`` with it, in each
-startup kit. :func:`locate_context` finds them (``FEDWEIGH_HE_CONTEXT_DIR``, then the ``startup/``
+startup kit. The server only ever holds the public context: it can add ciphertexts but not decrypt
+them (the sum protocol is in :mod:`fedweigh.secure.vectors`).
+
+:func:`locate_context` finds a role's file (``FEDWEIGH_HE_CONTEXT_DIR``, then the ``startup/``
 folder of the site's workspace), and in the NVFlare simulator, whose workspaces have no HE context,
 creates a simulation-only key pair shared by the simulated server and clients
 (:func:`simulation_keys`). Simulation key files start with :data:`SIMULATION_HEADER`, so they stay
-marked wherever they are copied; they are refused in a provisioned workspace.
+marked wherever they are copied; they are refused in a provisioned workspace. Checking a kit file's
+signature needs NVFlare and lives in :mod:`fedweigh.flare.keys`.
 
 References: Cheon, Kim, Kim & Song, "Homomorphic encryption for arithmetic of approximate numbers"
 (ASIACRYPT 2017); TenSEAL (Benaissa et al., 2021).
@@ -34,7 +20,6 @@ References: Cheon, Kim, Kim & Song, "Homomorphic encryption for arithmetic of ap
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -42,9 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import tenseal as ts
+from fedweigh.io import atomic_write_bytes
+
+if TYPE_CHECKING:  # TenSEAL is imported where a context is made or read: plaintext runs never load it
+    import tenseal as ts
 
 #: Environment variable naming a folder with ``server_context.tenseal`` / ``client_context.tenseal``.
 CONTEXT_DIR_ENV = "FEDWEIGH_HE_CONTEXT_DIR"
@@ -69,12 +57,6 @@ POLY_MODULUS_DEGREE = 8192
 COEFF_MOD_BIT_SIZES = (60, 40, 40)
 SCALE_BITS = 40
 
-#: Split base and range of the slot encoding (module docstring).
-LIMB_BASE = 2.0**20
-MAX_ABS_VALUE = 2.0**50
-LO_DECIMALS = 6
-#: Tolerance on the decrypted contribution-count slot.
-COUNT_TOLERANCE = 0.01
 #: How many folders above the start folder may hold the site's startup/ (app dir -> job dir -> site).
 MAX_LEVELS_UP = 3
 
@@ -94,6 +76,8 @@ def make_context(
     scale_bits: int = SCALE_BITS,
 ) -> ts.Context:
     """A fresh CKKS context with secret key, built as NVFlare's HEBuilder builds it."""
+    import tenseal as ts
+
     ctx = ts.context(
         ts.SCHEME_TYPE.CKKS,
         poly_modulus_degree=poly_modulus_degree,
@@ -122,17 +106,6 @@ def is_public(ctx: ts.Context) -> bool:
     return not ctx.has_secret_key()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_context_files(
     directory: str | Path, ctx: ts.Context | None = None, *, simulation: bool = False
 ) -> tuple[Path, Path]:
@@ -146,12 +119,13 @@ def save_context_files(
     ctx = ctx if ctx is not None else make_context()
     header = SIMULATION_HEADER if simulation else b""
     server_path, client_path = directory / SERVER_CONTEXT_FILE, directory / CLIENT_CONTEXT_FILE
-    _atomic_write(server_path, header + serialize_context(ctx, with_secret_key=False))
-    _atomic_write(client_path, header + serialize_context(ctx, with_secret_key=True))
+    atomic_write_bytes(server_path, header + serialize_context(ctx, with_secret_key=False))
+    atomic_write_bytes(client_path, header + serialize_context(ctx, with_secret_key=True))
     return server_path, client_path
 
 
 def is_simulation_key_data(data: bytes) -> bool:
+    """True when ``data`` (a context file's content) starts with :data:`SIMULATION_HEADER`."""
     return data.startswith(SIMULATION_HEADER)
 
 
@@ -160,6 +134,8 @@ def context_from_bytes(data: bytes, *, role: str | None = None, origin: str = "<
 
     role "server": the context must hold no secret key; role "client": it must hold one.
     """
+    import tenseal as ts
+
     if role not in (None, "server", "client"):
         raise ValueError(f"role must be 'server' or 'client', got {role!r}")
     if is_simulation_key_data(data):
@@ -235,6 +211,7 @@ def simulation_keys(root: str | Path) -> Path:
                 "scale_bits": SCALE_BITS,
                 "files": [SERVER_CONTEXT_FILE, CLIENT_CONTEXT_FILE],
             }
+            # the folder is private until renamed below, so a plain write is safe here
             (tmp / SIMULATION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
             try:
                 if final.exists():  # an empty folder: rename can only replace it once removed
@@ -329,103 +306,25 @@ def locate_context(
     raise ContextNotFoundError(f"no {role} TenSEAL context ({name}) found; looked at: " + "; ".join(looked))
 
 
-# -------------------------------------------------------------------------------- encrypted vectors
-def _slots(vector: np.ndarray) -> list[float]:
-    """[lo_1..lo_L, hi_1..hi_L, 1.0] with hi = floor(x / B), lo = x - hi * B."""
-    hi = np.floor(vector / LIMB_BASE)
-    lo = vector - hi * LIMB_BASE
-    return [*lo.tolist(), *hi.tolist(), 1.0]
-
-
-def encrypt_vector(ctx: ts.Context, vector: np.ndarray | Sequence[float]) -> bytes:
-    """Enc(v) as serialised CKKS ciphertext bytes (slot layout in the module docstring)."""
-    vec = np.asarray(vector, dtype=np.float64)
-    if vec.ndim != 1 or vec.size == 0:
-        raise ValueError(f"expected a non-empty 1-D vector, got shape {vec.shape}")
-    if not np.isfinite(vec).all():
-        raise ValueError("cannot encrypt a vector with NaN or infinite entries")
-    if np.abs(vec).max() >= MAX_ABS_VALUE:
-        raise ValueError(
-            f"entry {float(np.abs(vec).max()):.3g} is too large for an exact CKKS sum (limit 2^50 ~ 1.1e15)"
-        )
-    if not ctx.has_secret_key():  # HEBuilder contexts use symmetric encryption: it needs the secret key
-        raise ValueError("encrypting needs the client context (with secret key)")
-    return ts.ckks_vector(ctx, _slots(vec)).serialize()
-
-
-def ciphertext_size(ctx: ts.Context, data: bytes) -> int:
-    """Number of slots of a serialised CKKS vector (raises ValueError if it is not one for ``ctx``)."""
-    try:
-        return ts.ckks_vector_from(ctx, data).size()
-    except Exception as e:
-        raise ValueError(f"not a CKKS ciphertext for this context ({e})") from None
-
-
-def sum_encrypted(public_ctx: ts.Context, ciphertexts: Sequence[bytes]) -> bytes:
-    """sum_k Enc(v_k), computed with a context that needs (and should have) no secret key."""
-    if not ciphertexts:
-        raise ValueError("no ciphertexts to sum")
-    total = None
-    for i, data in enumerate(ciphertexts):
-        try:
-            vec = ts.ckks_vector_from(public_ctx, data)
-        except Exception as e:
-            raise ValueError(f"ciphertext #{i} is not a CKKS vector for this context ({e})") from None
-        if total is None:
-            total = vec
-        elif vec.size() != total.size():
-            raise ValueError(f"ciphertext #{i} has {vec.size()} slots, the first has {total.size()}")
-        else:
-            total += vec
-    return total.serialize()
-
-
-def decrypt_vector(
-    secret_ctx: ts.Context, data: bytes, length: int, num_contributions: int | None = None
-) -> np.ndarray:
-    """Decrypt a (summed) ciphertext back into the length-``length`` vector sum_k v_k.
-
-    hi sums are rounded to integers, lo sums to 1e-6. The count slot must equal
-    ``num_contributions`` (or, if None, a positive integer); otherwise the sites did not share one key.
-    """
-    if not secret_ctx.has_secret_key():
-        raise ValueError("decrypting needs the client context (with secret key)")
-    try:
-        enc = ts.ckks_vector_from(secret_ctx, data)
-    except Exception as e:
-        raise ValueError(f"not a CKKS ciphertext for this context ({e})") from None
-    if enc.size() != 2 * length + 1:
-        raise ValueError(f"ciphertext has {enc.size()} slots, expected {2 * length + 1} for length {length}")
-    slots = np.asarray(enc.decrypt(), dtype=np.float64)
-    count = slots[-1]
-    expected = num_contributions
-    if expected is None:
-        expected = max(1, int(round(count))) if math.isfinite(count) else 1
-    if not math.isfinite(count) or abs(count - expected) > COUNT_TOLERANCE:
-        raise ValueError(
-            f"the encrypted sum does not decrypt consistently (count slot {count:.6g}, expected {expected}): "
-            "the contributions were encrypted with different keys (startup kits from different "
-            "provisionings, or simulation keys mixed with kit keys) or were corrupted"
-        )
-    lo = np.round(slots[:length], LO_DECIMALS)
-    hi = np.rint(slots[length : 2 * length])
-    return hi * LIMB_BASE + lo
-
-
 __all__ = [
     "CLIENT_CONTEXT_FILE",
+    "COEFF_MOD_BIT_SIZES",
     "CONTEXT_DIR_ENV",
-    "ContextLocation",
-    "ContextNotFoundError",
+    "CONTEXT_FILES",
+    "MAX_LEVELS_UP",
+    "POLY_MODULUS_DEGREE",
+    "PROVISIONED_MARKERS",
+    "SCALE_BITS",
     "SERVER_CONTEXT_FILE",
     "SIMULATION_DIR",
     "SIMULATION_HEADER",
     "SIMULATION_MARKER",
+    "SIMULATOR_JOB_FOLDER",
+    "STARTUP_FOLDER",
+    "ContextLocation",
+    "ContextNotFoundError",
     "SimulationKeysRefused",
-    "ciphertext_size",
     "context_from_bytes",
-    "decrypt_vector",
-    "encrypt_vector",
     "find_site_root",
     "is_provisioned",
     "is_public",
@@ -437,5 +336,4 @@ __all__ = [
     "save_context_files",
     "serialize_context",
     "simulation_keys",
-    "sum_encrypted",
 ]

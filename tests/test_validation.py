@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedweigh.flare.validation import InvalidClientResult, ResultLimits, check_train_result
+from fedweigh.validation import InvalidClientResult, ResultLimits, check_meta, check_params
 
 REF = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(0, np.int64)}
 
@@ -14,7 +14,13 @@ def _params(**over):
 
 def _check(params=None, meta=None, required=(), limits=None):
     meta = {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 3} if meta is None else meta
-    return check_train_result("site-2", params or _params(), meta, REF, required, limits or ResultLimits())
+    checked = check_meta("site-2", meta, required, limits or ResultLimits())
+    return (
+        check_params("site-2", params or _params(), REF),
+        checked.num_samples,
+        checked.num_steps,
+        checked.scalars,
+    )
 
 
 def test_valid_result_passes():

@@ -1,4 +1,9 @@
-"""Per-round records of a fedweigh run: JSON, CSV, TensorBoard events and plots in the run folder."""
+"""Per-round records of a fedweigh run: one row per round, and (given a folder) JSON, CSV, TensorBoard
+events and plots.
+
+The NVFlare controller and the benchmark both record a round's :class:`~fedweigh.rounds.RoundOutcome`
+with :meth:`RoundRecorder.add_outcome`, so their rows have one format.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,10 @@ import logging
 import math
 from pathlib import Path
 
-from fedweigh.flare.constants import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
+from fedweigh.io import atomic_write_text
+from fedweigh.plots import plot_client_weights, plot_metric_by_round
+from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
+from fedweigh.rounds import RoundOutcome
 
 logger = logging.getLogger("fedweigh.recorder")
 
@@ -22,14 +30,16 @@ class RoundRecorder:
     (``excluded``: site -> reason) and whether the global model changed (``global_updated``).
     """
 
-    def __init__(self, out_dir: str | Path, scheme: str, rows: list[dict] | None = None):
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir: str | Path | None, scheme: str, rows: list[dict] | None = None):
+        self.out_dir = None if out_dir is None else Path(out_dir)
         self.scheme = scheme
         self.rows: list[dict] = list(rows or [])
         self._tb = None
 
     # -- writing -------------------------------------------------------------------------------
     def _writer(self):
+        if self.out_dir is None:
+            return None
         if self._tb is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -61,6 +71,17 @@ class RoundRecorder:
             for key, value in values.items():
                 tb.add_scalar(f"scheme/{key}", float(value), round_index)
 
+    def add_outcome(self, outcome: RoundOutcome, **values: float) -> None:
+        """Record one round: the sites' mean metrics on the model they received (row t - 1), the
+        excluded sites, and, when the global model changed, the weights, the scheme's values and
+        ``values`` (e.g. ``round_seconds``) on row t."""
+        t = outcome.round_index
+        if outcome.metrics:
+            self.set_metrics(t - 1, outcome.metrics)
+        self.set_excluded(t, outcome.excluded, updated=outcome.updated)
+        if outcome.updated:
+            self.set_round(t, outcome.weights, {**outcome.values, **values})
+
     def set_excluded(self, round_index: int, excluded: dict[str, str], updated: bool) -> None:
         """Sites whose result round ``round_index`` left out, with the reason, and whether the
         global model changed in that round."""
@@ -78,9 +99,10 @@ class RoundRecorder:
         return row
 
     def flush(self) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / METRICS_JSON).write_text(
-            json.dumps({"scheme": self.scheme, "rounds": self.rows}, indent=1)
+        if self.out_dir is None:
+            return
+        atomic_write_text(
+            self.out_dir / METRICS_JSON, json.dumps({"scheme": self.scheme, "rounds": self.rows}, indent=1)
         )
         scalar_keys = sorted({k for r in self.rows for k in r if k not in ("round", "weights", "excluded")})
         sites = sorted({s for r in self.rows for s in r.get("weights", {})})
@@ -102,8 +124,8 @@ class RoundRecorder:
 
     def plot(self) -> list[Path]:
         """Client-weight stacked area and AUC/GM by round; returns the written paths."""
-        from fedweigh.plots import plot_client_weights, plot_metric_by_round
-
+        if self.out_dir is None:
+            return []
         written: list[Path] = []
         weighted = [r for r in self.rows if r.get("weights")]
         if weighted:

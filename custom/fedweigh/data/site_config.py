@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fedweigh.data import build_federation, load_pool
 from fedweigh.data.base import LabeledImages, SiteData
-from fedweigh.flare.constants import SITE_CONFIG_ENV, SITE_CONFIG_FILE
+from fedweigh.protocol import SITE_CONFIG_ENV, SITE_CONFIG_FILE
 
 
 @dataclass
@@ -87,8 +88,6 @@ def split_train_val(
 
 def load_site_from_config(site_name: str, cfg: SiteDataConfig) -> tuple[SiteData, LabeledImages]:
     """A deployed site's train/val splits and its local test set, from its own data."""
-    from fedweigh.data import load_pool
-
     pool, test = load_pool(
         cfg.dataset,
         data_path=expand_data_path(cfg.data_path),
@@ -113,8 +112,6 @@ def load_site_from_scenario(
     num_images: int | None,
 ) -> tuple[SiteData, LabeledImages, int]:
     """A simulated site's splits, the global test set, and the scenario's number of sites."""
-    from fedweigh.data import build_federation
-
     fed = build_federation(
         scenario,
         dataset,

@@ -37,7 +37,8 @@ own ``aggregate`` with the same weights (integer buffers follow the scheme's ``i
 rule, as in the plaintext path).
 
 Schemes that need plaintext client models at the server (``he_compatible = False``: IDA, FedAWA,
-FedAdp, FedDRAW with similarity="delta") are refused by :func:`check_he_scheme`.
+FedAdp, FedDRAW with similarity="delta") are refused by ``WeightingScheme.check_he`` when the round
+step is built with this backend.
 
 References: Cheon, Kim, Kim & Song, "Homomorphic encryption for arithmetic of approximate numbers"
 (ASIACRYPT 2017); TenSEAL (Benaissa et al., 2021); NVFlare's HE FedAvg (nvflare.app_opt.he), where
@@ -51,7 +52,6 @@ import fnmatch
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -60,7 +60,10 @@ from pathlib import Path
 import numpy as np
 import tenseal as ts
 
-from fedweigh.rounds import RoundUpdate
+from fedweigh.arrays import Params, check_same_layout, to_numpy
+from fedweigh.io import atomic_write_npz
+from fedweigh.protocol import META_HE
+from fedweigh.rounds import AggregationBackend
 from fedweigh.weighting.base import ClientReport, WeightingScheme
 
 #: Name of this encoding (flattened float64 vector, chunked, one CKKS vector per chunk).
@@ -74,58 +77,12 @@ MAX_ABS_VALUE = 2.0**17
 ZERO_WEIGHT = 1e-12
 #: Tolerance (relative to max(1, |expected|)) on the decrypted check slot.
 CHECK_TOLERANCE = 1e-3
-#: Meta key of a task that carries the HE layout (:meth:`HELayout.to_meta`); its presence means HE mode.
-META_HE = "fedweigh_he"
 #: Parameter-dict keys that carry ciphertext chunks (uint8 arrays), by direction. Distinct prefixes
 #: keep NVFlare's Client API from reshaping a received chunk to the shape of a sent one.
 UPDATE_PREFIX = "fedweigh_he_update/"
 GLOBAL_PREFIX = "fedweigh_he_global/"
 
-#: Scalars that a scheme computes at the server from plaintext parameters when a client does not
-#: report them; under HE the client must report them.
-HE_CLIENT_SCALARS: dict[str, tuple[str, ...]] = {"feddraw": ("similarity",)}
-
-#: Why a scheme cannot run under HE (shown when a job asks for it).
-HE_REFUSAL_REASONS: dict[str, str] = {
-    "ida": "IDA weights each client by the inverse distance between its model and the mean of the "
-    "round's client models, which the server computes from plaintext client models",
-    "fedawa": "FedAWA optimises its weights on the client vectors Delta_k (their Gram matrix and "
-    "cosines with the global model), which the server computes from plaintext client models",
-    "fedadp": "FedAdp weights each client by the angle between its update and the round's mean "
-    "update, which the server computes from plaintext client updates",
-    "feddraw": "FedDRAW with similarity='delta' compares each update with the weighted mean of all "
-    "updates, which only the server could compute from plaintext updates; use similarity='params' "
-    "or 'layer', which each site computes itself",
-}
-
 _SELECTOR = re.compile(r"^(first|last|largest):(\d+)$")
-
-
-class HEIncompatibleScheme(ValueError):
-    """A weighting scheme that needs plaintext client models was asked to run under HE."""
-
-
-# ------------------------------------------------------------------------------------------ schemes
-def check_he_scheme(scheme: WeightingScheme) -> None:
-    """Raise :class:`HEIncompatibleScheme` naming the scheme and the reason if it cannot run under HE."""
-    if scheme.he_compatible:
-        return
-    reason = HE_REFUSAL_REASONS.get(
-        scheme.name, f"{scheme.name} needs the clients' plaintext parameters at the server"
-    )
-    raise HEIncompatibleScheme(
-        f"scheme {scheme.name!r} cannot run with homomorphically encrypted updates (he=True): {reason}. "
-        "Under HE the server sees only ciphertexts and scalars. Choose a scheme that weights from "
-        "sample counts, steps and client-reported scalars (fedavg, fedprox, fednova, feddisco, cbr, "
-        "dafl, feddraw with similarity='params' or 'layer'), or run without HE."
-    )
-
-
-def he_required_scalars(scheme: WeightingScheme) -> tuple[str, ...]:
-    """The scalars every client must report under HE: the scheme's own plus those the server would
-    otherwise compute from plaintext parameters (:data:`HE_CLIENT_SCALARS`)."""
-    extra = HE_CLIENT_SCALARS.get(scheme.name, ()) if scheme.he_compatible else ()
-    return tuple(dict.fromkeys([*scheme.required_scalars, *extra]))
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -393,12 +350,6 @@ def pack_chunks(chunks: Sequence[bytes], prefix: str) -> dict[str, np.ndarray]:
     return {f"{prefix}{i:06d}": np.frombuffer(c, dtype=np.uint8).copy() for i, c in enumerate(chunks)}
 
 
-def _as_numpy(value) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
-    return np.asarray(value)
-
-
 def unpack_chunks(params: Mapping, prefix: str) -> tuple[list[bytes], dict[str, np.ndarray]]:
     """(chunks under ``prefix`` in index order, the other entries as numpy arrays)."""
     entries = sorted(k for k in params if k.startswith(prefix))
@@ -406,17 +357,12 @@ def unpack_chunks(params: Mapping, prefix: str) -> tuple[list[bytes], dict[str, 
     for i, key in enumerate(entries):
         if key != f"{prefix}{i:06d}":
             raise ValueError(f"HE: ciphertext entries are not numbered 0..{len(entries) - 1} (found {key!r})")
-        arr = _as_numpy(params[key])
+        arr = to_numpy(params[key])
         if arr.dtype != np.uint8 or arr.ndim != 1:
             raise ValueError(f"HE: {key!r} must be a 1-D uint8 array, got {arr.dtype} {arr.shape}")
         chunks.append(arr.tobytes())
-    rest = {k: _as_numpy(v) for k, v in params.items() if not k.startswith(prefix)}
+    rest = {k: to_numpy(v) for k, v in params.items() if not k.startswith(prefix)}
     return chunks, rest
-
-
-def has_encrypted_global(params: Mapping | None) -> bool:
-    """True when ``params`` carries an encrypted global model (chunks under :data:`GLOBAL_PREFIX`)."""
-    return bool(params) and any(str(k).startswith(GLOBAL_PREFIX) for k in params)  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------------------------------- site
@@ -446,14 +392,8 @@ def decode_global(
     else:
         values = {k: clear.pop(k) for k in layout.keys if k in clear}
     merged = {**clear, **values}
-    missing = [k for k in reference if k not in merged]
-    unexpected = [k for k in merged if k not in reference]
-    if missing or unexpected:
-        raise ValueError(
-            f"HE: the received global model does not fit this site's model (missing {missing[:3]}, "
-            f"unexpected {unexpected[:3]})"
-        )
-    return {k: np.asarray(merged[k]) for k in reference}, layout
+    checked = check_same_layout("HE: the received global model", merged, reference, finite=False)
+    return checked, layout
 
 
 def encode_update(
@@ -489,7 +429,7 @@ class EncryptedContribution:
     clear: dict[str, np.ndarray]
 
 
-class EncryptedGlobalModel:
+class EncryptedGlobalModel(AggregationBackend):
     """The server's global model under HE: clear arrays in plaintext, the layout's arrays encrypted.
 
     Before the first aggregation the encrypted part is still the plaintext initial model (the
@@ -501,6 +441,8 @@ class EncryptedGlobalModel:
         layers: selective encryption patterns (:func:`select_encrypted_keys`); None = all float arrays.
         slots: values per ciphertext.
     """
+
+    encrypted = True
 
     def __init__(
         self,
@@ -528,7 +470,7 @@ class EncryptedGlobalModel:
         self._vectors: list[ts.CKKSVector] | None = None
 
     @property
-    def encrypted(self) -> bool:
+    def holds_ciphertext(self) -> bool:
         """True once the global model's layout arrays exist only as ciphertext at the server."""
         return self.chunks is not None
 
@@ -544,7 +486,11 @@ class EncryptedGlobalModel:
         """The layout and the expected check slot (both in clear: names and a sum of weights)."""
         return {**self.layout.to_meta(), "check": self.check_value}
 
-    def check_result(self, site: str, params: Mapping | None) -> EncryptedContribution:
+    def task_meta(self) -> dict:
+        """The task meta that tells a site to decrypt: {META_HE: layout and check value}."""
+        return {META_HE: self.meta()}
+
+    def check_params(self, site: str, params: Mapping | None) -> EncryptedContribution:
         """A site's result: the right number of ciphertexts of the right sizes, and clear arrays
         with the global model's keys and shapes (finite). ValueError naming the site otherwise."""
         if not params:
@@ -555,51 +501,38 @@ class EncryptedGlobalModel:
         leaked = [k for k in rest if k in self.layout.keys]
         if leaked:
             raise ValueError(f"{site}: sent encrypted-layout parameter {leaked[0]!r} in clear; refusing it")
-        expected = set(self.clear)
-        if set(rest) != expected:
-            raise ValueError(
-                f"{site}: clear parameters differ from the global model's (missing "
-                f"{sorted(expected - set(rest))[:3]}, unexpected {sorted(set(rest) - expected)[:3]})"
-            )
-        for key, arr in rest.items():
-            if arr.shape != self.spec[key][0]:
-                raise ValueError(
-                    f"{site}: parameter {key!r} has shape {arr.shape}, expected {self.spec[key][0]}"
-                )
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                raise ValueError(f"{site}: parameter {key!r} holds non-finite values")
-        return EncryptedContribution(site, load_chunks(self.ctx, chunks, self.layout, site), rest)
+        reference = {k: np.empty(self.spec[k][0], dtype=self.spec[k][1]) for k in self.clear}
+        clear = check_same_layout(site, rest, reference)
+        return EncryptedContribution(site, load_chunks(self.ctx, chunks, self.layout, site), clear)
+
+    def weigh(
+        self,
+        scheme: WeightingScheme,
+        reports: Sequence[ClientReport],
+        contributions: Sequence[EncryptedContribution],
+        t: int,
+        T: int,
+    ) -> np.ndarray:
+        """The scheme's weights from scalars only: it sees no parameters and no global model."""
+        blind = [replace(r, params=None) for r in reports]
+        return np.asarray(scheme.weights(blind, None, t, T), dtype=np.float64)
 
     def aggregate(
         self,
         scheme: WeightingScheme,
         reports: Sequence[ClientReport],
         contributions: Sequence[EncryptedContribution],
-        round_index: int,
-        num_rounds: int,
-        max_share: float | None = None,
-    ) -> RoundUpdate:
-        """Weights from scalars only (capped at ``max_share`` per site when given, as in plaintext
-        :func:`fedweigh.rounds.weigh_and_aggregate`), then Enc(theta_g) += sum_k w_k Enc(Delta_k) and the clear arrays
-        by ``scheme.aggregate``. Returns the clear arrays, the weights and the scheme's values.
-
-        ValueError (nothing changed) if the scheme cannot weight this round.
-        """
+        weights: np.ndarray,
+    ) -> Params:
+        """Enc(theta_g) += sum_k w_k Enc(Delta_k), and the clear arrays by ``scheme.aggregate`` with the
+        same weights. Returns the clear arrays. ValueError (nothing changed) on a mismatch."""
         names = [r.name for r in reports]
         if names != [c.site for c in contributions]:
             raise ValueError(f"reports {names} and contributions {[c.site for c in contributions]} differ")
-        blind = [replace(r, params=None) for r in reports]
-        w = np.asarray(scheme.weights(blind, None, round_index, num_rounds), dtype=np.float64)
-        if max_share is not None:
-            from fedweigh.rounds import cap_weights
-
-            w = cap_weights(w, max_share)
-        from fedweigh.rounds import scheme_values
-
-        values = scheme_values(scheme)
+        w = np.asarray(weights, dtype=np.float64)
         new_clear = dict(self.clear)
         if self.clear:
-            with_clear = [replace(r, params=c.clear) for r, c in zip(blind, contributions, strict=True)]
+            with_clear = [replace(r, params=c.clear) for r, c in zip(reports, contributions, strict=True)]
             new_clear = {k: np.asarray(v) for k, v in scheme.aggregate(self.clear, with_clear, w).items()}
         base = self._initial if self._vectors is None else self._vectors
         summed = weighted_sum([c.update for c in contributions], w, base, self.layout.slots)  # type: ignore[arg-type]
@@ -609,11 +542,7 @@ class EncryptedGlobalModel:
             self.chunks = [v.serialize() for v in summed]
             self._initial, self._initial_values = None, {}
         self.clear = new_clear
-        return RoundUpdate(
-            params=dict(new_clear),
-            weights={r.name: float(wk) for r, wk in zip(reports, w, strict=True)},
-            values=values,
-        )
+        return dict(new_clear)
 
     # -- persistence (ciphertext only: the server never writes a plaintext model after round 1) -------
     def save(self, path: str | Path) -> None:
@@ -629,9 +558,7 @@ class EncryptedGlobalModel:
             arrays.update({f"plain/{k}": v for k, v in self._initial_values.items()})
         arrays["layout_fingerprint"] = np.array(self.layout.fingerprint)
         arrays["check_value"] = np.array(self.check_value)
-        tmp = path.with_name("tmp_" + path.name)
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
+        atomic_write_npz(path, **arrays)
 
     def load(self, path: str | Path) -> None:
         """Restore what :meth:`save` wrote (the layout must be the same)."""
@@ -656,22 +583,15 @@ __all__ = [
     "DEFAULT_SLOTS",
     "ENCODING",
     "GLOBAL_PREFIX",
-    "HE_CLIENT_SCALARS",
-    "HE_REFUSAL_REASONS",
-    "HEIncompatibleScheme",
     "HELayout",
     "MAX_ABS_VALUE",
-    "META_HE",
     "UPDATE_PREFIX",
     "EncryptedContribution",
     "EncryptedGlobalModel",
-    "check_he_scheme",
     "decode_global",
     "decrypt_chunks",
     "encode_update",
     "encrypt_chunks",
-    "has_encrypted_global",
-    "he_required_scalars",
     "load_chunks",
     "pack_chunks",
     "select_encrypted_keys",

@@ -1,0 +1,144 @@
+"""Label statistics shared before training: the statistics vector, its sum, and how sums travel.
+
+Each site contributes one vector, its *statistics vector*::
+
+    v_k = [n_{k,1}, ..., n_{k,C}, N_k, N_k * c_k]
+
+(positives per class, sample count, and N_k times DAFL's client imbalance c_k, so that the sum gives
+DAFL's c_client = sum_k N_k c_k / N; Li et al., DAFL). Every site learns sum_k v_k and decodes the
+global histogram from it (:func:`decode_sum`).
+
+How the contributions travel is a :class:`StatisticsExchange`: :class:`PlainExchange` sends v_k in
+clear (research runs only: the server sees each hospital's disease prevalence);
+:class:`fedweigh.secure.exchange.SecureExchange` sums CKKS ciphertexts so the server sees neither v_k
+nor the sum. The NVFlare phase that drives an exchange is :mod:`fedweigh.flare.statistics`; the
+benchmark sums the vectors in process.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedweigh.weighting.dafl import client_imbalance
+
+#: Meta key of a plaintext statistics vector (and of the plaintext sum).
+META_VECTOR = "fedweigh_stats_vector"
+#: Meta key of the statistics vector's length (C + 2), sent with every contribution and sum.
+META_LENGTH = "fedweigh_stats_length"
+
+
+@dataclass
+class GlobalStats:
+    """What every site knows after the statistics phase."""
+
+    class_counts: np.ndarray
+    num_samples: int
+    client_level_parameter: float
+
+    def as_dict(self) -> dict:
+        return {
+            "class_counts": [int(x) for x in self.class_counts],
+            "num_samples": int(self.num_samples),
+            "client_level_parameter": float(self.client_level_parameter),
+        }
+
+
+def statistics_vector(class_counts: np.ndarray, num_samples: int) -> np.ndarray:
+    """v_k = [n_{k,1..C}, N_k, N_k c_k] (float64)."""
+    counts = np.asarray(class_counts, dtype=np.float64)
+    c_k = client_imbalance(counts, num_samples)
+    return np.concatenate([counts, [float(num_samples), float(num_samples) * c_k]])
+
+
+def decode_sum(total: np.ndarray) -> GlobalStats:
+    """Global statistics from sum_k v_k (rounded counts; c_client = sum N_k c_k / N)."""
+    total = np.asarray(total, dtype=np.float64)
+    counts = np.rint(total[:-2]).astype(np.int64)
+    n = int(round(total[-2]))
+    if n <= 0 or np.any(counts < 0):
+        raise ValueError(f"implausible global statistics: N={n}, counts={counts.tolist()}")
+    return GlobalStats(class_counts=counts, num_samples=n, client_level_parameter=float(total[-1]) / n)
+
+
+def global_stats_of(histograms: Iterable[tuple[np.ndarray, int]]) -> GlobalStats:
+    """The global statistics of the sites' (class_counts, N_k): decode_sum(sum_k v_k)."""
+    vectors = [statistics_vector(counts, n) for counts, n in histograms]
+    if not vectors:
+        raise ValueError("global statistics need at least one site's histogram")
+    return decode_sum(np.sum(vectors, axis=0))
+
+
+def check_statistics_vector(site: str, vector: object, length: int) -> np.ndarray:
+    """A plaintext v_k: ``length`` finite numbers, non-negative counts, no class count above N_k.
+
+    Raises ValueError naming ``site`` otherwise.
+    """
+    try:
+        vec = np.asarray(vector, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{site}: statistics vector is not numeric") from None
+    if vec.shape != (length,) or not np.isfinite(vec).all():
+        raise ValueError(f"{site}: statistics vector must be {length} finite numbers")
+    if np.any(vec[:-1] < 0) or np.any(vec[:-2] > vec[-2]):
+        raise ValueError(f"{site}: statistics vector has negative counts or counts above N_k")
+    return vec
+
+
+class StatisticsExchange(ABC):
+    """How contributions travel: the client side encodes/decodes, the server side checks and sums."""
+
+    mode: str = ""
+
+    @abstractmethod
+    def encode(self, vector: np.ndarray) -> dict:
+        """The client's contribution, as result meta/params."""
+
+    def check(self, site: str, payload: dict, length: int) -> None:
+        """Server: raise ValueError naming ``site`` if its contribution is malformed (default: no check)."""
+        return None
+
+    @abstractmethod
+    def sum(self, site_payloads: dict[str, dict], length: int) -> dict:
+        """Server: the sum of the valid contributions (as a payload the clients can decode)."""
+
+    @abstractmethod
+    def decode(self, payload: dict) -> np.ndarray:
+        """Client: the summed vector from the server's payload."""
+
+
+class PlainExchange(StatisticsExchange):
+    """Contributions in clear (the server sees every site's histogram)."""
+
+    mode = "plain"
+
+    def encode(self, vector: np.ndarray) -> dict:
+        return {META_VECTOR: [float(x) for x in vector]}
+
+    def check(self, site: str, payload: dict, length: int) -> None:
+        check_statistics_vector(site, payload.get(META_VECTOR, []), length)
+
+    def sum(self, site_payloads: dict[str, dict], length: int) -> dict:
+        total = np.zeros(length, dtype=np.float64)
+        for payload in site_payloads.values():
+            total += np.asarray(payload[META_VECTOR], dtype=np.float64)
+        return {META_VECTOR: [float(x) for x in total]}
+
+    def decode(self, payload: dict) -> np.ndarray:
+        return np.asarray(payload[META_VECTOR], dtype=np.float64)
+
+
+__all__ = [
+    "META_LENGTH",
+    "META_VECTOR",
+    "GlobalStats",
+    "PlainExchange",
+    "StatisticsExchange",
+    "check_statistics_vector",
+    "decode_sum",
+    "global_stats_of",
+    "statistics_vector",
+]

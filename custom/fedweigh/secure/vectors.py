@@ -1,0 +1,144 @@
+"""Encrypted sums of statistics vectors with TenSEAL CKKS: the slot encoding, encryption, sum, decryption.
+
+Protocol (secure aggregation of the label statistics, docs/privacy.md): every site encrypts its
+vector v_k with the shared CKKS secret key; the server, which holds only the public context (no
+secret key), adds the ciphertexts, Enc(sum_k v_k) = sum_k Enc(v_k); the sites decrypt the sum.
+The contexts and where they come from are in :mod:`fedweigh.secure.contexts`.
+
+Encoding. CKKS encodes real numbers approximately and its error grows with the largest slot of a
+vector (double-precision FFT in the encoder: about 1e-16 x max|slot|). To keep counts exact next
+to large values such as N_k c_k (up to N_k^2), every entry x is split into two slots,
+``hi = floor(x / B)`` and ``lo = x - hi * B`` with B = 2^20, so that every slot stays below about
+2^30 even for |x| up to 2^50. One more slot holds 1.0, so the sum carries the number of
+contributions, which decryption checks (a mismatch means a site used another key). Slot layout::
+
+    [lo_1, ..., lo_L, hi_1, ..., hi_L, 1.0]
+
+After decryption the hi sums are rounded to integers (they are sums of integers) and the lo sums
+to 1e-6 (well above the CKKS noise, about 1e-9 here), so no raw CKKS decryption noise is used or
+passed on (a mitigation of key-recovery attacks on CKKS decryptions, Li & Micciancio, EUROCRYPT
+2021).
+
+References: Cheon, Kim, Kim & Song, "Homomorphic encryption for arithmetic of approximate numbers"
+(ASIACRYPT 2017); TenSEAL (Benaissa et al., 2021).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # TenSEAL is imported where a ciphertext is made or read: plaintext runs never load it
+    import tenseal as ts
+
+#: Split base and range of the slot encoding (module docstring).
+LIMB_BASE = 2.0**20
+MAX_ABS_VALUE = 2.0**50
+LO_DECIMALS = 6
+#: Tolerance on the decrypted contribution-count slot.
+COUNT_TOLERANCE = 0.01
+
+
+def _slots(vector: np.ndarray) -> list[float]:
+    """[lo_1..lo_L, hi_1..hi_L, 1.0] with hi = floor(x / B), lo = x - hi * B."""
+    hi = np.floor(vector / LIMB_BASE)
+    lo = vector - hi * LIMB_BASE
+    return [*lo.tolist(), *hi.tolist(), 1.0]
+
+
+def encrypt_vector(ctx: ts.Context, vector: np.ndarray | Sequence[float]) -> bytes:
+    """Enc(v) as serialised CKKS ciphertext bytes (slot layout in the module docstring)."""
+    import tenseal as ts
+
+    vec = np.asarray(vector, dtype=np.float64)
+    if vec.ndim != 1 or vec.size == 0:
+        raise ValueError(f"expected a non-empty 1-D vector, got shape {vec.shape}")
+    if not np.isfinite(vec).all():
+        raise ValueError("cannot encrypt a vector with NaN or infinite entries")
+    if np.abs(vec).max() >= MAX_ABS_VALUE:
+        raise ValueError(
+            f"entry {float(np.abs(vec).max()):.3g} is too large for an exact CKKS sum (limit 2^50 ~ 1.1e15)"
+        )
+    if not ctx.has_secret_key():  # HEBuilder contexts use symmetric encryption: it needs the secret key
+        raise ValueError("encrypting needs the client context (with secret key)")
+    return ts.ckks_vector(ctx, _slots(vec)).serialize()
+
+
+def ciphertext_size(ctx: ts.Context, data: bytes) -> int:
+    """Number of slots of a serialised CKKS vector (raises ValueError if it is not one for ``ctx``)."""
+    import tenseal as ts
+
+    try:
+        return ts.ckks_vector_from(ctx, data).size()
+    except Exception as e:
+        raise ValueError(f"not a CKKS ciphertext for this context ({e})") from None
+
+
+def sum_encrypted(public_ctx: ts.Context, ciphertexts: Sequence[bytes]) -> bytes:
+    """sum_k Enc(v_k), computed with a context that needs (and should have) no secret key."""
+    import tenseal as ts
+
+    if not ciphertexts:
+        raise ValueError("no ciphertexts to sum")
+    total = None
+    for i, data in enumerate(ciphertexts):
+        try:
+            vec = ts.ckks_vector_from(public_ctx, data)
+        except Exception as e:
+            raise ValueError(f"ciphertext #{i} is not a CKKS vector for this context ({e})") from None
+        if total is None:
+            total = vec
+        elif vec.size() != total.size():
+            raise ValueError(f"ciphertext #{i} has {vec.size()} slots, the first has {total.size()}")
+        else:
+            total += vec
+    return total.serialize()
+
+
+def decrypt_vector(
+    secret_ctx: ts.Context, data: bytes, length: int, num_contributions: int | None = None
+) -> np.ndarray:
+    """Decrypt a (summed) ciphertext back into the length-``length`` vector sum_k v_k.
+
+    hi sums are rounded to integers, lo sums to 1e-6. The count slot must equal
+    ``num_contributions`` (or, if None, a positive integer); otherwise the sites did not share one key.
+    """
+    import tenseal as ts
+
+    if not secret_ctx.has_secret_key():
+        raise ValueError("decrypting needs the client context (with secret key)")
+    try:
+        enc = ts.ckks_vector_from(secret_ctx, data)
+    except Exception as e:
+        raise ValueError(f"not a CKKS ciphertext for this context ({e})") from None
+    if enc.size() != 2 * length + 1:
+        raise ValueError(f"ciphertext has {enc.size()} slots, expected {2 * length + 1} for length {length}")
+    slots = np.asarray(enc.decrypt(), dtype=np.float64)
+    count = slots[-1]
+    expected = num_contributions
+    if expected is None:
+        expected = max(1, int(round(count))) if math.isfinite(count) else 1
+    if not math.isfinite(count) or abs(count - expected) > COUNT_TOLERANCE:
+        raise ValueError(
+            f"the encrypted sum does not decrypt consistently (count slot {count:.6g}, expected {expected}): "
+            "the contributions were encrypted with different keys (startup kits from different "
+            "provisionings, or simulation keys mixed with kit keys) or were corrupted"
+        )
+    lo = np.round(slots[:length], LO_DECIMALS)
+    hi = np.rint(slots[length : 2 * length])
+    return hi * LIMB_BASE + lo
+
+
+__all__ = [
+    "COUNT_TOLERANCE",
+    "LIMB_BASE",
+    "LO_DECIMALS",
+    "MAX_ABS_VALUE",
+    "ciphertext_size",
+    "decrypt_vector",
+    "encrypt_vector",
+    "sum_encrypted",
+]
