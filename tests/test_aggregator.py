@@ -31,7 +31,11 @@ def _result(site: str, n: int, value: float, **meta) -> FLModel:
 
 @pytest.mark.parametrize(
     "scheme, options, needs",
-    [("cbr", {}, "scalars"), ("feddisco", {}, "histogram"), ("dafl", {"mode": "inverse_imbalance"}, "scalars")],
+    [
+        ("cbr", {}, "scalars"),
+        ("feddisco", {}, "histogram"),
+        ("dafl", {"mode": "inverse_imbalance"}, "scalars"),
+    ],
 )
 def test_schemes_stock_fedavg_cannot_feed_are_refused(scheme, options, needs):
     with pytest.raises(ValueError, match=f"{scheme}.*{needs}.*FedweighController"):
