@@ -20,6 +20,7 @@ from fedweigh.bench.runner import (
     CELLS_DIR,
     _TestScorer,
     cell_args,
+    engine_layout,
     federation_for,
     is_done,
     pool_sites,
@@ -249,11 +250,19 @@ def test_cli_parser_defaults_and_bad_arguments(tmp_path, capsys):
     add_bench_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--out", str(tmp_path), "--methods", "fedavg", "feddraw:beta_max=2"])
     assert args.func is main_bench and args.profile == "smoke" and args.dataset == "synthcxr"
-    assert args.methods == ["fedavg", "feddraw:beta_max=2"] and args.jobs == 1
+    assert args.methods == ["fedavg", "feddraw:beta_max=2"]
+    assert args.jobs == 0 and args.site_workers == 0  # automatic: every core busy with one thread
     bad = parser.parse_args(["bench", "--out", str(tmp_path), "--scenarios", "nowhere-7"])
     assert main_bench(bad) == 2
     assert "nowhere-7" in capsys.readouterr().out
     assert not (tmp_path / "cells").exists()
+
+
+def test_engine_layout_keeps_every_core_busy():
+    assert engine_layout(1, cores=2) == (1, 2)  # one cell: its sites train in two processes
+    assert engine_layout(12, cores=2) == (2, 1)  # many cells: two cells at a time, sites in-process
+    assert engine_layout(3, cores=8) == (3, 2)
+    assert engine_layout(5, cores=1) == (1, 1)
 
 
 @pytest.mark.slow

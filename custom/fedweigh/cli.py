@@ -1,4 +1,9 @@
-"""The ``fedweigh`` command line: demo, jobs export, scenarios."""
+"""The ``fedweigh`` command line: demo, jobs export, scenarios, bench, explain.
+
+The application's entry point: it assembles the sub-commands of :mod:`fedweigh.flare` (jobs, the
+simulator demo), :mod:`fedweigh.bench` and :mod:`fedweigh.explain`, each imported when its command
+runs, so that ``fedweigh --help`` and the parser stay fast (torch, NVFlare and MONAI load in seconds).
+"""
 
 from __future__ import annotations
 

@@ -465,6 +465,7 @@ def main_explain(args: argparse.Namespace) -> int:
 
     from fedweigh.data import load_pool
     from fedweigh.models import FedweighNet
+    from fedweigh.train import resolve_device
 
     try:
         if args.model is None and not args.untrained:
@@ -492,6 +493,7 @@ def main_explain(args: argparse.Namespace) -> int:
                 img_size=args.size,
                 in_channels=in_channels,
             )
+        model = model.to(resolve_device(args.device))
         target = _parse_target(args.target, data.class_names)
         out = explain_grid(
             model,
@@ -532,6 +534,7 @@ def add_explain_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     )
     source.add_argument("--untrained", action="store_true", help="use a randomly initialised ViT (smoke run)")
     p.add_argument("--dataset", default="synthcxr", choices=DATASETS)
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--data-path", default=None, help="dataset file/folder (chestmnist, chexpert)")
     p.add_argument(
         "--num-images", type=int, default=None, help="pool size as in training (default: dataset's)"

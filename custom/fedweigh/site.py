@@ -22,7 +22,17 @@ from fedweigh.secure.accountant import dp_state_path
 from fedweigh.secure.dp_config import LOCAL_JOB_ID, DPConfig, StatsDPConfig
 from fedweigh.secure.dp_sgd import DPSGD, DPRoundReport
 from fedweigh.secure.stats_release import HistogramReleaser, ReleasedHistogram
-from fedweigh.train import TrainConfig, TrainResult, evaluate, get_params, set_params, train_local
+from fedweigh.train import (
+    TrainConfig,
+    TrainResult,
+    evaluate,
+    get_params,
+    make_optimizer,
+    resolve_device,
+    set_params,
+    to_memory_format,
+    train_local,
+)
 from fedweigh.weighting import get_scheme
 
 logger = logging.getLogger("fedweigh.site")
@@ -50,6 +60,17 @@ class ClientArgs:
     max_steps: int | None = None
     threads: int = 0
     eval_test: bool = True
+    #: Where the model runs: "auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".
+    device: str = "auto"
+    #: channels_last memory format for the convolutions (faster on CPU and GPU; same values up to
+    #: floating-point summation order).
+    channels_last: bool = True
+    #: Keep the local optimizer (e.g. Adam's moments) across rounds instead of a fresh one per round.
+    keep_optimizer: bool = False
+    #: bf16 autocast for forward and loss on CUDA (ignored on CPU).
+    amp: bool = False
+    #: torch.compile the model for training (pays a one-off compilation, amortised over long runs).
+    compile: bool = False
     #: DP-SGD (fedweigh.secure.dp_config.DPConfig): on when dp_epsilon (total over the job) or dp_noise_multiplier is set.
     dp_epsilon: float | None = None
     dp_delta: float = 1e-5
@@ -113,6 +134,11 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--threads", type=int, default=defaults.threads, help="torch threads; 0 = automatic")
     p.add_argument("--eval-test", action=argparse.BooleanOptionalAction, default=defaults.eval_test)
+    p.add_argument("--device", default=defaults.device, help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=defaults.channels_last)
+    p.add_argument("--keep-optimizer", action=argparse.BooleanOptionalAction, default=defaults.keep_optimizer)
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=defaults.amp)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=defaults.compile)
     p.add_argument(
         "--dp-epsilon", type=float, default=None, help="DP-SGD: total epsilon over the job's rounds"
     )
@@ -133,9 +159,10 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     return ClientArgs(**vars(ns))
 
 
-def build_site_model(args: ClientArgs, data: LabeledImages):
-    """The model ``args`` names (arch, norm, seed), shaped for ``data`` (classes, channels, size)."""
-    return build_model(
+def build_site_model(args: ClientArgs, data: LabeledImages) -> torch.nn.Module:
+    """The model ``args`` names (arch, norm, seed), shaped for ``data`` (classes, channels, size), on
+    ``args.device`` in ``args.channels_last`` memory format."""
+    model = build_model(
         args.arch,
         num_classes=data.num_classes,
         in_channels=int(data.images.shape[1]),
@@ -143,6 +170,7 @@ def build_site_model(args: ClientArgs, data: LabeledImages):
         norm=args.norm,
         seed=args.seed,
     )
+    return to_memory_format(model.to(resolve_device(args.device)), args.channels_last)
 
 
 class SiteTrainer:
@@ -173,7 +201,12 @@ class SiteTrainer:
         if threads:
             torch.set_num_threads(threads)
         train: LabeledImages = site.train
+        self.device = resolve_device(args.device)
         self.model = build_site_model(args, train)
+        #: what trains: the model, or its torch.compile'd wrapper (same parameters)
+        self.train_model: torch.nn.Module = torch.compile(self.model) if args.compile else self.model
+        #: the local optimizer kept across rounds (``args.keep_optimizer``; built on the first round)
+        self.optimizer: torch.optim.Optimizer | None = None
         self.class_counts = train.label_histogram()
         #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
         self.global_stats: dict | None = None
@@ -249,12 +282,21 @@ class SiteTrainer:
             max_steps=self.args.max_steps,
             fedprox_mu=fedprox_mu,
             seed=round_seed,
+            device=self.device,
+            amp=self.args.amp,
         )
         dp_config = DPConfig.from_args(self.args)
         self.dp_report = None
         if dp_config is None:
+            if self.args.keep_optimizer and self.optimizer is None:
+                self.optimizer = make_optimizer(self.model, cfg)
             return train_local(
-                self.model, self.site.train, cfg, loss_fn=self.make_loss(), global_params=global_params
+                self.train_model,
+                self.site.train,
+                cfg,
+                loss_fn=self.make_loss(),
+                global_params=global_params,
+                optimizer=self.optimizer,
             )
         if self.dp_sgd is None or self.dp_sgd.config != dp_config:
             path = None if self.job_id == LOCAL_JOB_ID else dp_state_path(self.job_id, self.site_name)
@@ -281,7 +323,12 @@ class SiteTrainer:
         return {k: float(v) for k, v in scalars.items() if k in wanted}
 
     def run_round(
-        self, global_params: dict, round_index: int, plan: dict | None = None, total_rounds: int | None = None
+        self,
+        global_params: dict,
+        round_index: int,
+        plan: dict | None = None,
+        total_rounds: int | None = None,
+        evaluate_received: bool = True,
     ) -> RoundOutput:
         """Evaluate the received global model, train on it, and report what the scheme needs.
 
@@ -289,10 +336,12 @@ class SiteTrainer:
         names the scheme needs from clients) and ``fedprox_mu``. ``total_rounds`` (the job's planned
         rounds, NVFlare's ``FLModel.total_rounds``; or ``plan["total_rounds"]``) is needed by DP-SGD with
         a target epsilon; under DP-SGD the metrics carry ``dp_epsilon``, the epsilon spent so far.
+        ``evaluate_received=False`` skips the evaluation of the received model (the bench evaluates
+        every k rounds).
         """
         plan = plan or {}
         set_params(self.model, global_params)
-        metrics = self.evaluate()
+        metrics = self.evaluate() if evaluate_received else {}
         global_np = to_numpy_dict(global_params)
         mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
         prox = {k: torch.as_tensor(v) for k, v in global_np.items()} if mu > 0 else None

@@ -49,9 +49,52 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         default=None,
         help="multi-label 0/1 predictions for GM, precision, ...: 0.5 or Youden's J on validation (default: profile's)",
     )
-    p.add_argument("--jobs", type=int, default=1, help="cells run in parallel (processes)")
     p.add_argument(
-        "--threads", type=int, default=1, help="torch threads per cell (default 1: small models gain little)"
+        "--jobs",
+        type=int,
+        default=0,
+        help="cells run in parallel (processes); 0 = as many as cores (default)",
+    )
+    p.add_argument(
+        "--site-workers",
+        type=int,
+        default=0,
+        help="processes a cell's sites train in, in parallel; 0 = the cores the cells leave free (default)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per process (default 1: small models gain little)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="score the global model every k rounds (default: profile's)",
+    )
+    p.add_argument("--device", default=None, help="auto (CUDA when present, default), cpu, cuda, cuda:N")
+    p.add_argument(
+        "--keep-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the sites' optimizer state across rounds (default: profile's)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="channels_last convolutions (default on)",
+    )
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast on CUDA")
+    p.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the site models"
+    )
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="run the cells on an existing Dask cluster (scheduler address; needs fedweigh[cluster] there)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
@@ -62,8 +105,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 def main_bench(args: argparse.Namespace) -> int:
     """Run the benchmark described by the parsed arguments; 0 on success, 1 if cells failed."""
     import logging
+    from dataclasses import replace
 
-    from fedweigh.bench.runner import BenchError, make_config, run_bench
+    from fedweigh.bench.runner import BenchError, engine_layout, make_config, run_bench
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -80,17 +124,33 @@ def main_bench(args: argparse.Namespace) -> int:
             max_steps=args.max_steps,
             threads=args.threads,
             loader_options=args.loader_options,
+            eval_every=args.eval_every,
+            device=args.device,
+            keep_optimizer=args.keep_optimizer,
+            channels_last=args.channels_last,
+            amp=args.amp,
+            compile=args.compile,
         )
     except (ValueError, KeyError) as e:
         print(f"error: {e}")
         return 2
     cells = len(config.cells())
+    jobs, site_workers = engine_layout(cells)
+    jobs = args.jobs or jobs
+    # a cluster's workers run one cell each, sites in-process, unless asked otherwise
+    site_workers = args.site_workers or (1 if args.jobs or args.cluster else site_workers)
+    config = replace(config, site_workers=site_workers)
     print(
         f"fedweigh bench: {config.dataset}, profile {config.profile}: {len(config.scenarios)} scenario(s) x "
-        f"{len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {cells} cell(s), {config.rounds} rounds"
+        f"{len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {cells} cell(s), {config.rounds} rounds; "
+        + (
+            f"cluster {args.cluster}"
+            if args.cluster
+            else f"{jobs} cell process(es) x {site_workers} site process(es)"
+        )
     )
     try:
-        result = run_bench(config, args.out, jobs=args.jobs, progress=not args.no_progress)
+        result = run_bench(config, args.out, jobs=jobs, progress=not args.no_progress, cluster=args.cluster)
     except BenchError as e:
         print(f"error: {e}")
         return 1

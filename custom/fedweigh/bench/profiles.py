@@ -42,6 +42,7 @@ class Profile:
     threshold: how multi-label test predictions become 0/1 for GM, precision, recall, F1 and
         specificity: ``"0.5"`` on the sigmoid, or ``"youden"`` (per finding, Youden's J on the union
         of the sites' validation splits, for the model being scored).
+    eval_every: score the global model every k rounds and after the last (1: every round).
     """
 
     name: str
@@ -53,6 +54,7 @@ class Profile:
     client: dict = field(default_factory=dict)
     per_dataset: dict[str, dict] = field(default_factory=dict)
     threshold: str = "0.5"
+    eval_every: int = 1
 
     def default_scenarios(self) -> tuple[str, ...]:
         return self.scenarios or _all_scenarios()
@@ -112,6 +114,30 @@ PROFILES: dict[str, Profile] = {
         per_dataset={"digits": {"num_images": None}},
         threshold="youden",
     ),
+    "standard": Profile(
+        name="standard",
+        description=(
+            "trains to a plateau on 2 CPU cores: 30 rounds of a full local epoch, client optimizer "
+            "state kept across rounds, 3 seeds, scored every 5 rounds"
+        ),
+        rounds=30,
+        seeds=(0, 1, 2),
+        scenarios=("quantity-shift", "label-a0.5"),
+        methods=(),
+        client={
+            "size": 32,
+            "num_images": 2400,
+            "arch": "densenet_compact",
+            "epochs": 1,
+            "batch_size": 32,
+            "lr": 1e-3,
+            "max_steps": None,
+            "keep_optimizer": True,
+        },
+        per_dataset={"digits": {"num_images": None}},
+        threshold="youden",
+        eval_every=5,
+    ),
     "paper": Profile(
         name="paper",
         description="paper-size settings for a GPU machine (3 seeds, 50 rounds, DenseNet121)",
@@ -127,7 +153,10 @@ PROFILES: dict[str, Profile] = {
             "batch_size": 32,
             "lr": 1e-3,
             "max_steps": None,
+            "keep_optimizer": True,
+            "device": "auto",
         },
+        eval_every=5,
         per_dataset={
             "synthcxr": {"size": 64, "num_images": 20000},
             "digits": {"size": 32, "arch": "densenet_compact"},

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import multiprocessing as mp
+import os
 import time
 import warnings
 from collections import OrderedDict
@@ -34,10 +35,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedweigh.arrays import Params
 from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell, store_cell
 from fedweigh.bench.profiles import THRESHOLDS, get_profile
 from fedweigh.bench.report import write_outputs
+from fedweigh.bench.sites import make_sites
 from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
 from fedweigh.data.scenarios import get_scenario
@@ -48,7 +49,7 @@ from fedweigh.metrics import youden_thresholds
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
 from fedweigh.records import RoundRecorder
 from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep, mean_metrics, sample_sites
-from fedweigh.site import ClientArgs, SiteTrainer, build_site_model
+from fedweigh.site import ClientArgs, RoundOutput, SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, predict, set_params
 
 logger = logging.getLogger("fedweigh.bench")
@@ -56,7 +57,7 @@ logger = logging.getLogger("fedweigh.bench")
 CONFIG_JSON = "config.json"
 
 #: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
-_NOT_HASHED = ("threads", "eval_test")
+_NOT_HASHED = ("threads", "eval_test", "compile")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class BenchConfig:
     sites: restrict every scenario to these site names (e.g. the two sites a simulator run has).
     min_clients: fewest valid results for a round to update the global model (as the controller's).
     threshold: ``"0.5"`` or ``"youden"``, for the thresholded test metrics (see :class:`Profile`).
+    eval_every: score the global model (sites' validation splits, the test set) every k rounds and
+        after the last round (1: every round). Training is the same for every k.
+    site_workers: processes a cell's sites train in, in parallel (1: in the cell's process); changes
+        no number.
     """
 
     dataset: str
@@ -79,6 +84,8 @@ class BenchConfig:
     sites: tuple[str, ...] | None = None
     min_clients: int = 1
     threshold: str = "0.5"
+    eval_every: int = 1
+    site_workers: int = 1
 
     def cells(self) -> list[tuple[str, str, int]]:
         """(scenario, method, seed) of every cell, grouped so that each federation is built once."""
@@ -102,6 +109,8 @@ def make_config(
     rounds: int | None = None,
     min_clients: int = 1,
     threshold: str | None = None,
+    eval_every: int | None = None,
+    site_workers: int = 1,
     **client_overrides: object,
 ) -> BenchConfig:
     """A :class:`BenchConfig` from a profile; every argument left None keeps the profile's value.
@@ -120,6 +129,11 @@ def make_config(
     scenarios = tuple(scenarios or prof.default_scenarios())
     seeds = tuple(int(s) for s in (seeds if seeds is not None else prof.seeds))
     rounds = prof.rounds if rounds is None else int(rounds)
+    eval_every = prof.eval_every if eval_every is None else int(eval_every)
+    if eval_every < 1:
+        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+    if site_workers < 1:
+        raise ValueError(f"site_workers must be >= 1, got {site_workers}")
     for label in methods:
         parse_method(label)
     for name in scenarios:
@@ -146,6 +160,8 @@ def make_config(
         sites=tuple(sites) if sites else None,
         min_clients=min_clients,
         threshold=threshold,
+        eval_every=eval_every,
+        site_workers=site_workers,
     )
 
 
@@ -168,6 +184,7 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         "sites": list(config.sites) if config.sites else None,
         "min_clients": config.min_clients,
         "threshold": config.threshold,
+        "eval_every": config.eval_every,
         "method": spec.as_dict(),
     }
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -280,48 +297,50 @@ class _TestScorer:
         return predict(self.model, self.test)
 
 
-def _site_result(
-    site: str, trainer: SiteTrainer, global_params: Params, t: int, plan: dict, rounds: int
-) -> ClientResult:
-    """A site's round in process, as the NVFlare client script sends it (same meta keys)."""
-    # NVFlare's current_round = t - 1 and total_rounds = T, as the controller sends them
-    out = trainer.run_round(global_params, t - 1, plan, total_rounds=rounds)
+def _client_result(site: str, out: RoundOutput) -> ClientResult:
+    """A site's round as the NVFlare client script sends it (same meta keys)."""
     meta = {META_NUM_SAMPLES: out.num_samples, META_NUM_STEPS: out.num_steps, META_SCALARS: out.scalars}
     return ClientResult(site=site, params=out.params, meta=meta, metrics=out.metrics)
 
 
+def _scored(t: int, rounds: int, every: int) -> bool:
+    """Whether the global model received in round t (row t - 1) is scored: every k rounds."""
+    return (t - 1) % every == 0 or t - 1 == rounds
+
+
 def _run_federated(
-    spec: MethodSpec, fed: Federation, args: ClientArgs, rounds: int, min_clients: int, threshold: str
+    spec: MethodSpec, fed: Federation, args: ClientArgs, config: BenchConfig
 ) -> tuple[list[dict], np.ndarray]:
     """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C))."""
+    rounds = config.rounds
     scheme = spec.make_scheme()
-    trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
-    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, threshold)
+    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
     backend = PlaintextBackend(scorer.initial_params())
-    step = RoundStep(scheme, backend, num_rounds=rounds, min_clients=min_clients, log=logger.warning)
-    all_sites = sorted(trainers)
-    if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
-        # each site contributes what it may release (noised when statistics DP is on), as its client does
-        releases = [t.released_statistics() for t in trainers.values()]
-        stats = global_stats_of((r.class_counts, r.num_samples) for r in releases).as_dict()
-        for trainer in trainers.values():
-            trainer.global_stats = dict(stats)
+    step = RoundStep(scheme, backend, num_rounds=rounds, min_clients=config.min_clients, log=logger.warning)
+    sites = make_sites(fed.sites, fed.test, args, config.site_workers)
     recorder = RoundRecorder(None, str(spec.scheme))
-    for t in range(1, rounds + 1):
-        t0 = time.perf_counter()
+    try:
+        if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
+            # each site contributes what it may release (noised when statistics DP is on), as its client does
+            releases = sites.released_statistics().values()
+            sites.set_global_stats(
+                global_stats_of((r.class_counts, r.num_samples) for r in releases).as_dict()
+            )
+        for t in range(1, rounds + 1):
+            t0 = time.perf_counter()
+            global_params = backend.task_params()
+            scored = _scored(t, rounds, config.eval_every)
+            targets = sample_sites(sites.names, fed.sample_fraction, config.min_clients, args.seed, t)
+            plan = step.plan(str(spec.scheme), spec.scheme_args)
+            outs = sites.run_round(targets, global_params, t, plan, rounds, scored)
+            outcome = step.run(t, [_client_result(site, out) for site, out in outs.items()], targets)
+            test = scorer.metrics(global_params) if scored else {}
+            recorder.add_outcome(outcome, round_seconds=time.perf_counter() - t0)
+            recorder.set_metrics(t - 1, test)
         global_params = backend.task_params()
-        targets = sample_sites(all_sites, fed.sample_fraction, min_clients, args.seed, t)
-        plan = step.plan(str(spec.scheme), spec.scheme_args)
-        results = [_site_result(site, trainers[site], global_params, t, plan, rounds) for site in targets]
-        outcome = step.run(t, results, targets)
-        test = scorer.metrics(global_params)
-        recorder.add_outcome(outcome, round_seconds=time.perf_counter() - t0)
-        recorder.set_metrics(t - 1, test)
-    global_params = backend.task_params()
-    final = []
-    for trainer in trainers.values():  # the controller's final validate task, sent to every site
-        set_params(trainer.model, global_params)
-        final.append(trainer.evaluate())
+        final = sites.evaluate(global_params)  # the controller's final validate task, sent to every site
+    finally:
+        sites.close()
     recorder.set_metrics(rounds, {**mean_metrics(final), **scorer.metrics(global_params)})
     return _plain_rows(recorder.rows), scorer.scores(global_params)[None]
 
@@ -331,19 +350,19 @@ def _plain_rows(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in ("excluded", "global_updated")} for row in rows]
 
 
-def _run_centralized(
-    fed: Federation, args: ClientArgs, rounds: int, threshold: str
-) -> tuple[list[dict], np.ndarray]:
+def _run_centralized(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[list[dict], np.ndarray]:
     """One trainer on all sites' data pooled, T rounds of the same local training as a site."""
+    rounds = config.rounds
     pooled = pool_sites(fed.sites)
     trainer = SiteTrainer(pooled, fed.test, args, threads=args.threads or None)
-    scorer = _TestScorer(args, fed.test, pooled.val, threshold)
+    scorer = _TestScorer(args, fed.test, pooled.val, config.threshold)
     params = scorer.initial_params()
     rows = RoundRecorder(None, "centralized")
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
-        out = trainer.run_round(params, t - 1, {}, total_rounds=rounds)
-        rows.set_metrics(t - 1, {**out.metrics, **scorer.metrics(params)})
+        scored = _scored(t, rounds, config.eval_every)
+        out = trainer.run_round(params, t - 1, {}, total_rounds=rounds, evaluate_received=scored)
+        rows.set_metrics(t - 1, {**out.metrics, **(scorer.metrics(params) if scored else {})})
         params = out.params
         rows.set_metrics(t, {"round_seconds": time.perf_counter() - t0})
     set_params(trainer.model, params)
@@ -351,14 +370,13 @@ def _run_centralized(
     return rows.rows, scorer.scores(params)[None]
 
 
-def _run_local(
-    fed: Federation, args: ClientArgs, rounds: int, threshold: str
-) -> tuple[list[dict], np.ndarray]:
+def _run_local(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[list[dict], np.ndarray]:
     """Each site trains alone for T rounds. Rows hold the mean over sites of each site's own model:
     validation metrics every round, test metrics at round 0 (the shared theta^0) and round T only
     (scoring K models on the test set every round would cost more than the training)."""
+    rounds = config.rounds
     trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
-    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, threshold)
+    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
     initial = scorer.initial_params()
     params = {name: initial for name in trainers}
     rows = RoundRecorder(None, "local")
@@ -366,8 +384,9 @@ def _run_local(
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
         val = []
+        scored = _scored(t, rounds, config.eval_every)
         for name, trainer in trainers.items():
-            out = trainer.run_round(params[name], t - 1, {}, total_rounds=rounds)
+            out = trainer.run_round(params[name], t - 1, {}, total_rounds=rounds, evaluate_received=scored)
             val.append(out.metrics)
             params[name] = out.params
         rows.set_metrics(t - 1, mean_metrics(val))
@@ -398,13 +417,11 @@ def run_cell(
         # a small site's validation split under label skew lacks classes: scikit-learn says so per call
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
         if spec.kind == "federated":
-            rows, scores = _run_federated(
-                spec, fed, args, config.rounds, config.min_clients, config.threshold
-            )
+            rows, scores = _run_federated(spec, fed, args, config)
         elif spec.kind == "centralized":
-            rows, scores = _run_centralized(fed, args, config.rounds, config.threshold)
+            rows, scores = _run_centralized(fed, args, config)
         else:
-            rows, scores = _run_local(fed, args, config.rounds, config.threshold)
+            rows, scores = _run_local(fed, args, config)
     record = {
         "key": cell_key(scenario, method, seed),
         "dataset": config.dataset,
@@ -448,12 +465,59 @@ class BenchError(RuntimeError):
     """Some cells failed (the others are stored; a rerun retries only the failed ones)."""
 
 
-def run_bench(config: BenchConfig, out_dir: str | Path, jobs: int = 1, progress: bool = True) -> BenchResult:
+def engine_layout(cells: int, cores: int | None = None) -> tuple[int, int]:
+    """(cell processes, site processes per cell) that keep ``cores`` busy with one torch thread each.
+
+    As many cells in parallel as there are cores; when there are fewer cells than cores, the spare
+    cores train each cell's sites in parallel (measured on 2 cores: two single-thread workers move
+    about 3x the images of one two-thread worker, docs/bench.md "Engine").
+    """
+    cores = max(1, cores or os.cpu_count() or 1)
+    jobs = max(1, min(cores, cells))
+    return jobs, max(1, cores // jobs)
+
+
+def _run_on_cluster(
+    config: BenchConfig, todo: list[tuple[str, str, int]], address: str, cells_dir: Path, bar, failures: dict
+) -> None:
+    """Run the cells on an existing Dask cluster (``fedweigh[cluster]``); results are stored here."""
+    try:
+        from distributed import Client
+        from distributed import as_completed as dask_completed
+    except ImportError:
+        raise BenchError(
+            "--cluster needs Dask's distributed scheduler: pip install 'fedweigh[cluster]' here and on the workers"
+        ) from None
+    with Client(address, set_as_default=False) as client:
+        futures = {
+            client.submit(run_cell, config, sc, m, s, pure=False): cell_key(sc, m, s) for sc, m, s in todo
+        }
+        for fut in dask_completed(list(futures), loop=client.loop):
+            key = futures[fut]
+            try:
+                record, scores, labels = fut.result()
+                store_cell(cells_dir, record, scores, labels)
+            except Exception as e:
+                logger.error("cell %s failed: %s", key, e)
+                failures[key] = f"{type(e).__name__}: {e}"
+            bar.set_postfix_str(key)
+            bar.update(1)
+
+
+def run_bench(
+    config: BenchConfig,
+    out_dir: str | Path,
+    jobs: int = 1,
+    progress: bool = True,
+    cluster: str | None = None,
+) -> BenchResult:
     """Run every cell of ``config`` not yet stored in ``out_dir/cells``, then write the outputs.
 
-    jobs > 1 runs cells in a process pool (torch uses one thread per worker). Outputs:
-    ``results.csv``, ``summary.json``, ``report.md`` and ``plots/`` (see :mod:`fedweigh.bench.report`).
-    Raises :class:`BenchError` naming the failed cells after the others have finished.
+    jobs > 1 runs cells in a process pool (torch uses one thread per worker); ``cluster`` (a Dask
+    scheduler address, e.g. ``tcp://10.0.0.5:8786``) runs them on an existing cluster instead.
+    Outputs: ``results.csv``, ``summary.json``, ``report.md`` and ``plots/`` (see
+    :mod:`fedweigh.bench.report`). Raises :class:`BenchError` naming the failed cells after the
+    others have finished.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -467,7 +531,9 @@ def run_bench(config: BenchConfig, out_dir: str | Path, jobs: int = 1, progress:
     failures: dict[str, str] = {}
     bar = tqdm(total=len(todo), desc=f"bench {config.profile}", unit="cell", disable=not progress or not todo)
     try:
-        if jobs == 1 or len(todo) <= 1:
+        if cluster and todo:
+            _run_on_cluster(config, todo, cluster, cells_dir, bar, failures)
+        elif jobs == 1 or len(todo) <= 1:
             for scenario, method, seed in todo:
                 bar.set_postfix_str(cell_key(scenario, method, seed))
                 try:
