@@ -303,9 +303,10 @@ def _client_result(site: str, out: RoundOutput) -> ClientResult:
     return ClientResult(site=site, params=out.params, meta=meta, metrics=out.metrics)
 
 
-def _scored(t: int, rounds: int, every: int) -> bool:
-    """Whether the global model received in round t (row t - 1) is scored: every k rounds."""
-    return (t - 1) % every == 0 or t - 1 == rounds
+def _scored(t: int, every: int) -> bool:
+    """Whether the global model received in round t (row t - 1) is scored: rows 0, k, 2k, ...
+    (the final model, row T, is always scored after the last round)."""
+    return (t - 1) % every == 0
 
 
 def _run_federated(
@@ -329,7 +330,7 @@ def _run_federated(
         for t in range(1, rounds + 1):
             t0 = time.perf_counter()
             global_params = backend.task_params()
-            scored = _scored(t, rounds, config.eval_every)
+            scored = _scored(t, config.eval_every)
             targets = sample_sites(sites.names, fed.sample_fraction, config.min_clients, args.seed, t)
             plan = step.plan(str(spec.scheme), spec.scheme_args)
             outs = sites.run_round(targets, global_params, t, plan, rounds, scored)
@@ -360,7 +361,7 @@ def _run_centralized(fed: Federation, args: ClientArgs, config: BenchConfig) -> 
     rows = RoundRecorder(None, "centralized")
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
-        scored = _scored(t, rounds, config.eval_every)
+        scored = _scored(t, config.eval_every)
         out = trainer.run_round(params, t - 1, {}, total_rounds=rounds, evaluate_received=scored)
         rows.set_metrics(t - 1, {**out.metrics, **(scorer.metrics(params) if scored else {})})
         params = out.params
@@ -384,7 +385,7 @@ def _run_local(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[
     for t in range(1, rounds + 1):
         t0 = time.perf_counter()
         val = []
-        scored = _scored(t, rounds, config.eval_every)
+        scored = _scored(t, config.eval_every)
         for name, trainer in trainers.items():
             out = trainer.run_round(params[name], t - 1, {}, total_rounds=rounds, evaluate_received=scored)
             val.append(out.metrics)
