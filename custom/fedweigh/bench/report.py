@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedweigh.bench import curves
-from fedweigh.bench import plots as bp
+import fedweigh.bench.curves as curves
+import fedweigh.bench.plots as bp
 from fedweigh.bench.cells import CELLS_DIR, load_cell_scores
 from fedweigh.bench.stats import Comparison, compare
 from fedweigh.methods import REFERENCE_METHODS, parse_method

@@ -24,9 +24,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
+
 import fedweigh
 from fedweigh.flare.recipes import MethodRecipe
-from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME
+from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME, InstalledClientExecutor
 from fedweigh.methods import FEDERATED_METHODS
 from fedweigh.site import ClientArgs
 
@@ -80,8 +82,8 @@ JOB_CATALOGUE: dict[str, Callable] = {
 CONFIG_FOLDER = "config"
 CUSTOM_FOLDER = "custom"
 CLIENT_CONFIG = "config_fed_client.json"
-CLIENT_API_EXECUTOR = "nvflare.app_common.executors.client_api_executor.ClientAPIExecutor"
-INSTALLED_EXECUTOR = "fedweigh.flare.site_executor.InstalledClientExecutor"
+CLIENT_API_EXECUTOR = f"{ClientAPIExecutor.__module__}.{ClientAPIExecutor.__qualname__}"
+INSTALLED_EXECUTOR = f"{InstalledClientExecutor.__module__}.{InstalledClientExecutor.__qualname__}"
 #: ClientAPIExecutor arguments that InstalledClientExecutor takes over unchanged.
 _INSTALLED_EXECUTOR_ARGS = frozenset(
     {
