@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedweigh-installed
 
-.PHONY: setup demo test lint jobs clean
+.PHONY: setup demo test test-fast lint jobs clean
 
 setup: $(STAMP)
 
@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/fedweigh demo
 
+# the whole suite on two workers (docs/testing.md): the simulator and federation runs spread over both
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+
+# the unit tests only: no simulator, no provisioned federation, no multi-epoch training
+test-fast: setup
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check .

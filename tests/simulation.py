@@ -82,3 +82,48 @@ def saved_float_params(path: Path) -> dict[str, np.ndarray]:
     state = torch.load(path, map_location="cpu", weights_only=False)
     state = state.get("model", state)
     return {k: v.numpy() for k, v in state.items() if v.is_floating_point()}
+
+
+def plaintext_reference(scheme: str, client: ClientArgs, global_stats: bool, rounds: int, sites: int):
+    """(initial model, final global model, weights per round) of the plaintext path, in this process.
+
+    The same core code the controller and the client script run (:class:`fedweigh.site.SiteTrainer` +
+    :class:`fedweigh.rounds.RoundStep`) for ``sites`` simulated sites; with one torch thread it
+    reproduces a plaintext simulator run bit for bit.
+    """
+    from dataclasses import asdict
+
+    from fedweigh.data.site_config import resolve_site_data
+    from fedweigh.flare.recipes import ModelSpec
+    from fedweigh.label_stats import decode_sum, statistics_vector
+    from fedweigh.models import FedweighNet
+    from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
+    from fedweigh.site import SiteTrainer
+    from fedweigh.train import get_params
+    from fedweigh.weighting import get_scheme
+
+    g = initial = get_params(FedweighNet(**asdict(ModelSpec(seed=client.seed))))
+    trainers = []
+    for name in [f"site-{k + 1}" for k in range(sites)]:
+        site, test, _ = resolve_site_data(name, client)
+        trainers.append(SiteTrainer(site, test, client, threads=1))
+    if global_stats:
+        total = sum(statistics_vector(t.class_counts, len(t.site.train)) for t in trainers)
+        for t in trainers:
+            t.global_stats = decode_sum(total).as_dict()
+    step, weights = RoundStep(get_scheme(scheme), PlaintextBackend(g), num_rounds=rounds), []
+    for t in range(1, rounds + 1):
+        plan = step.plan(scheme, {})
+        results = []
+        for tr in trainers:
+            out = tr.run_round(g, t - 1, plan)
+            meta = {
+                "num_samples": out.num_samples,
+                "NUM_STEPS_CURRENT_ROUND": out.num_steps,
+                "fedweigh_scalars": out.scalars,
+            }
+            results.append(ClientResult(tr.site_name, out.params, meta))
+        update = step.run(t, results)
+        g = update.params
+        weights.append(update.weights)
+    return initial, g, weights

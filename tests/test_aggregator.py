@@ -64,3 +64,94 @@ def test_an_invalid_result_is_skipped_and_too_few_keep_the_model():
     out = agg.aggregate_model()
     assert out.params["w"] == pytest.approx(np.zeros(3))  # one valid result < min_clients: unchanged
     assert agg.last_weights == {}
+
+
+#: The schemes the README says stock FedAvg can feed through FedweighAggregator (they weight from
+#: parameters, sample counts and steps), DAFL in its default size mode; every other scheme is refused.
+STOCK_FEDAVG_SCHEMES = {"fedavg", "fedprox", "fednova", "fedadp", "ida", "fedawa", "feddraw", "dafl"}
+
+
+def test_the_schemes_stock_fedavg_can_feed_are_exactly_the_documented_ones():
+    from fedweigh.weighting import SCHEMES
+
+    accepted = set()
+    for name in SCHEMES:
+        try:
+            FedweighAggregator(scheme=name)
+        except ValueError as e:
+            assert "FedweighController" in str(e)
+        else:
+            accepted.add(name)
+    assert accepted == STOCK_FEDAVG_SCHEMES
+
+
+def _stock_result(site: str, steps: int, params: dict) -> FLModel:
+    """A stock NVFlare client's result: its parameters and NUM_STEPS_CURRENT_ROUND, no sample count."""
+    return FLModel(params=params, meta={"client_name": site, "NUM_STEPS_CURRENT_ROUND": steps})
+
+
+@pytest.mark.parametrize("scheme", sorted(STOCK_FEDAVG_SCHEMES))
+def test_every_documented_scheme_runs_rounds_in_stock_fedavg(scheme):
+    """Three rounds of stock FedAvg calls (CURRENT_ROUND 0, 1, 2; a new global model each round) give
+    the scheme's own weights and aggregate, with its cross-round state (FedAdp's smoothed angles,
+    FedAWA's logits, FedDRAW's schedules) kept by the one aggregator."""
+    from fedweigh.weighting import get_scheme
+    from fedweigh.weighting.base import ClientReport
+
+    rng = np.random.default_rng(7)
+    steps = {"site-1": 2, "site-2": 5, "site-3": 3}
+    g = {"w": rng.normal(size=(4, 3)), "b": rng.normal(size=3)}
+    agg = FedweighAggregator(scheme=scheme, num_rounds=3)
+    reference = get_scheme(scheme)
+    for t in range(1, 4):
+        ctx = FLContext()
+        learnable = FLModelUtils.to_model_learnable(FLModel(params_type=ParamsType.FULL, params=g))
+        ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=False)
+        ctx.set_prop(AppConstants.CURRENT_ROUND, t - 1, private=True, sticky=False)
+        agg.fl_ctx = ctx
+        trained = {s: {k: v + rng.normal(0, 0.1, v.shape) for k, v in g.items()} for s in steps}
+        for site, n in steps.items():
+            agg.accept_model(_stock_result(site, n, trained[site]))
+        out = agg.aggregate_model()
+        # by hand: the stock client's step count stands in for N_k
+        reports = [
+            ClientReport(name=s, num_samples=n, num_steps=n, params=trained[s]) for s, n in steps.items()
+        ]
+        w = np.asarray(reference.weights(reports, g, t, 3))
+        expected = reference.aggregate(g, reports, w)
+        assert agg.last_weights == pytest.approx(dict(zip(steps, w, strict=True)), abs=1e-12), t
+        for k in g:
+            np.testing.assert_allclose(out.params[k], expected[k], rtol=0, atol=1e-12)
+        g = {k: np.asarray(v) for k, v in out.params.items()}
+    if scheme in ("fedadp", "feddraw"):  # the state moved the weights away from the plain sizes
+        assert max(abs(agg.last_weights[s] - n / 10) for s, n in steps.items()) > 1e-3
+
+
+def test_the_aggregator_is_exported_with_its_options(tmp_path):
+    """FedAvgRecipe(aggregator=FedweighAggregator(...)) writes the aggregator and its options into the job."""
+    import json
+    from dataclasses import asdict
+
+    from nvflare.app_opt.pt.recipes.fedavg import FedAvgRecipe
+
+    from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
+
+    aggregator = FedweighAggregator(
+        scheme="feddraw", scheme_args={"beta_max": 2.0}, num_rounds=4, max_share=0.5
+    )
+    recipe = FedAvgRecipe(
+        name="stock_feddraw",
+        model={"class_path": "fedweigh.models.FedweighNet", "args": asdict(ModelSpec())},
+        min_clients=2,
+        num_rounds=4,
+        train_script=CLIENT_SCRIPT,
+        aggregator=aggregator,
+    )
+    recipe.export(str(tmp_path))
+    config = json.loads((tmp_path / "stock_feddraw/app/config/config_fed_server.json").read_text())
+    workflow = config["workflows"][0]
+    assert workflow["path"] == "nvflare.app_common.workflows.fedavg.FedAvg"  # stock FedAvg
+    assert workflow["args"]["aggregator"]["path"] == "fedweigh.flare.aggregator.FedweighAggregator"
+    args = workflow["args"]["aggregator"]["args"]
+    assert args["scheme"] == "feddraw" and args["scheme_args"] == {"beta_max": 2.0}
+    assert args["num_rounds"] == 4 and args["max_share"] == 0.5

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scikit_posthocs as sp
+from figures import assert_weights_plot, captured_figures, lines
 from scipy.stats import friedmanchisquare, rankdata
 
 from fedweigh.bench import make_config, parse_method, run_bench, run_cell
@@ -34,11 +35,17 @@ from fedweigh.train import get_params, predict
 SMOKE_FEDERATED = ["feddraw", "fedbb", "fedavg"]
 
 
+#: The figures the smoke run saved, by path (filled by the ``smoke`` fixture).
+SMOKE_FIGURES: dict = {}
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-smoke")
     config = make_config("smoke", "synthcxr")
-    result = run_bench(config, out, progress=False)
+    with captured_figures() as figures:
+        result = run_bench(config, out, progress=False)
+    SMOKE_FIGURES.update(figures)
     return config, result, out
 
 
@@ -122,10 +129,45 @@ def test_smoke_writes_plots_and_report(smoke):
         expected += [plots / "weights" / scenario / f"{m}.png" for m in SMOKE_FEDERATED]
     for path in expected:
         assert path.is_file() and path.stat().st_size > 2000, path
+    assert set(expected) <= set(SMOKE_FIGURES)
     assert not (plots / "confusion").exists()  # multi-label data: no confusion matrices
     report = (out / "report.md").read_text()
     for word in ("precision", "recall", "f1", "specificity", "Friedman p", "centralized", "cd_auc.png"):
         assert word in report
+
+
+def test_smoke_plots_show_the_recorded_results(smoke):
+    """Weights, AUC by round and ROC curves drawn from the run's own records and stored scores."""
+    from fedweigh.bench.report import load_cell_scores
+
+    config, _, out = smoke
+    plots = out / "plots"
+    results = pd.read_csv(out / "results.csv")
+    for scenario in config.scenarios:
+        records = {
+            m: json.loads((out / CELLS_DIR / f"{scenario}__{m}__s0.json").read_text()) for m in config.methods
+        }
+        for method in SMOKE_FEDERATED:
+            weighted = [r for r in records[method]["rows"] if r.get("weights")]
+            assert [r["round"] for r in weighted] == list(range(1, config.rounds + 1))
+            assert_weights_plot(SMOKE_FIGURES[plots / "weights" / scenario / f"{method}.png"], weighted)
+        shown = lines(SMOKE_FIGURES[plots / "auc_by_round" / f"{scenario}.png"].axes[0])
+        assert set(shown) == set(config.methods)
+        for method, (x, y) in shown.items():
+            rows = results[(results["scenario"] == scenario) & (results["method"] == method)].dropna(
+                subset=["auc"]
+            )
+            np.testing.assert_array_equal(x, rows["round"].to_numpy())
+            np.testing.assert_allclose(y, rows["auc"].to_numpy(), rtol=0, atol=1e-12)
+        roc = lines(SMOKE_FIGURES[plots / "roc" / f"{scenario}.png"].axes[0])
+        final = results[(results["scenario"] == scenario) & (results["round"] == config.rounds)]
+        for method in config.methods:
+            auc = float(final.loc[final["method"] == method, "auc"].iloc[0])
+            ((fpr, tpr),) = [xy for label, xy in roc.items() if label == f"{method} (AUC {auc:.3f})"]
+            scores, labels = load_cell_scores(out / CELLS_DIR, records[method]["key"])
+            grid, expected_tpr = macro_roc(labels, scores[0])
+            np.testing.assert_allclose(fpr, grid)
+            np.testing.assert_allclose(tpr, expected_tpr, rtol=0, atol=1e-12)
 
 
 def test_rerun_skips_finished_cells(smoke):
@@ -277,7 +319,8 @@ def test_process_pool_gives_the_serial_results_on_digits(tmp_path):
         rounds=1,
         threads=1,
     )
-    result = run_bench(config, tmp_path, jobs=2, progress=False)
+    with captured_figures() as figures:
+        result = run_bench(config, tmp_path, jobs=2, progress=False)
     assert result.trained == 2
     for method in config.methods:
         record, _, _ = run_cell(config, "label-a0.5", method, 0)
@@ -285,6 +328,20 @@ def test_process_pool_gives_the_serial_results_on_digits(tmp_path):
         for got, want in zip(stored["rows"], record["rows"], strict=True):
             assert got["test_auc"] == pytest.approx(want["test_auc"], abs=1e-6)
             assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=1e-6)
-    assert (tmp_path / "plots" / "confusion" / "label-a0.5.png").stat().st_size > 2000
+    confusion = tmp_path / "plots" / "confusion" / "label-a0.5.png"
+    assert confusion.stat().st_size > 2000
+    # one row-normalised confusion matrix per method, from the final models' stored test scores
+    from fedweigh.bench.curves import confusion as confusion_matrix
+    from fedweigh.bench.report import load_cell_scores
+
+    panels = {ax.get_title(): ax for ax in figures[confusion].axes if ax.get_images()}
+    assert set(panels) == set(config.methods)
+    for method, ax in panels.items():
+        record = json.loads((tmp_path / CELLS_DIR / f"label-a0.5__{method}__s0.json").read_text())
+        scores, labels = load_cell_scores(tmp_path / CELLS_DIR, record["key"])
+        counts = sum(confusion_matrix(labels, s) for s in scores).astype(float)
+        np.testing.assert_allclose(
+            ax.get_images()[0].get_array(), counts / counts.sum(axis=1, keepdims=True), rtol=0, atol=1e-12
+        )
     assert result.summary["friedman_p_auc"] is None  # one federated method
     assert "Friedman/Nemenyi not computed" in (tmp_path / "report.md").read_text()

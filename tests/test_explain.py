@@ -196,15 +196,50 @@ def test_heatmap_concentrates_on_the_decisive_region(corner_model) -> None:
 # ---------------------------------------------------------------------------------------------- figure
 
 
-def test_explain_grid_writes_a_small_png(tmp_path) -> None:
+def _panels(fig) -> list[tuple[object, object]]:
+    """(input axis, heatmap axis) per image of an explain grid, in order (empty slots skipped)."""
+    axes = fig.axes
+    pairs = list(zip(axes[0::2], axes[1::2], strict=True))
+    return [(a, h) for a, h in pairs if a.get_images()]
+
+
+def _expected_heatmaps(model, data, rows, targets) -> np.ndarray:
+    images = torch.from_numpy(np.ascontiguousarray(data.images[rows]))
+    return gradient_attention_rollout(model, images, torch.as_tensor(targets))
+
+
+def test_explain_grid_shows_each_image_and_its_rollout_heatmap(tmp_path) -> None:
+    from figures import captured_figures
+
     data = generate_synthcxr(6, 32, seed=0)
     model = _vit(num_classes=14)
-    out = explain_grid(model, data, [0, 1, 2, 3, 4], out_path=tmp_path / "figs" / "explain.png")
+    rows = [0, 1, 2, 3, 4]
+    with captured_figures() as figures:
+        out = explain_grid(model, data, rows, out_path=tmp_path / "figs" / "explain.png")
+        fixed = explain_grid(model, data, [5], data.class_names, tmp_path / "one.png", target=2)
     assert out == tmp_path / "figs" / "explain.png"
-    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert out.read_bytes()[:8] == PNG_MAGIC and fixed.read_bytes()[:8] == PNG_MAGIC
     assert 1_000 < out.stat().st_size < 300_000
-    fixed = explain_grid(model, data, [5], data.class_names, tmp_path / "one.png", target=2)
-    assert fixed.read_bytes()[:8] == PNG_MAGIC
+
+    with torch.no_grad():
+        predicted = torch.sigmoid(model.eval()(torch.from_numpy(data.images[rows]))).numpy().argmax(axis=1)
+    expected = _expected_heatmaps(model, data, rows, predicted)
+    panels = _panels(figures[out])
+    assert len(panels) == len(rows)
+    for j, (ax_in, ax_heat) in enumerate(panels):
+        gray = data.images[rows[j]].mean(axis=0)
+        np.testing.assert_array_equal(ax_in.get_images()[0].get_array(), gray)
+        assert ax_in.get_title().startswith(f"#{rows[j]} true:")
+        background, heat = ax_heat.get_images()
+        np.testing.assert_array_equal(background.get_array(), gray)
+        np.testing.assert_allclose(heat.get_array(), expected[j], rtol=0, atol=1e-6)
+        assert ax_heat.get_title().startswith(f"heatmap for: {data.class_names[predicted[j]]}\n")
+
+    ((_, ax_heat),) = _panels(figures[fixed])
+    assert ax_heat.get_title().startswith(f"heatmap for: {data.class_names[2]}\n")
+    np.testing.assert_allclose(
+        ax_heat.get_images()[1].get_array(), _expected_heatmaps(model, data, [5], [2])[0], atol=1e-6
+    )
     with pytest.raises(IndexError, match=r"\[6\]"):
         explain_grid(model, data, [6], out_path=tmp_path / "bad.png")
     with pytest.raises(ValueError, match="target"):
@@ -212,6 +247,8 @@ def test_explain_grid_writes_a_small_png(tmp_path) -> None:
 
 
 def test_explain_grid_multiclass(tmp_path) -> None:
+    from figures import captured_figures
+
     rng = np.random.default_rng(0)
     data = LabeledImages(
         images=rng.random((2, 1, 32, 32), dtype=np.float32),
@@ -219,8 +256,21 @@ def test_explain_grid_multiclass(tmp_path) -> None:
         class_names=("a", "b", "c"),
         task="multiclass",
     )
-    out = explain_grid(_vit(num_classes=3), data, [0, 1], out_path=tmp_path / "mc.png")
+    model = _vit(num_classes=3)
+    with captured_figures() as figures:
+        out = explain_grid(model, data, [0, 1], out_path=tmp_path / "mc.png")
     assert out.read_bytes()[:8] == PNG_MAGIC
+    with torch.no_grad():
+        probs = torch.softmax(model.eval()(torch.from_numpy(data.images)), dim=1).numpy()
+    panels = _panels(figures[out])
+    for j, (ax_in, ax_heat) in enumerate(panels):
+        assert ax_in.get_title() == f"#{j} true:\n{data.class_names[data.labels[j]]}"
+        top = int(probs[j].argmax())
+        # the title lists the softmax probabilities (they sum to one over the three classes)
+        assert f"{data.class_names[top]} {probs[j, top]:.2f}" in ax_heat.get_title()
+        np.testing.assert_allclose(
+            ax_heat.get_images()[1].get_array(), _expected_heatmaps(model, data, [j], [top])[0], atol=1e-6
+        )
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

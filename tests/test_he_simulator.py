@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
 
 import numpy as np
 import pytest
+from simulation import plaintext_reference
 
 from fedweigh.flare import recipes
 from fedweigh.flare.client import HE_SITE_MODEL_FILE
@@ -91,44 +91,6 @@ def test_exported_config_names_he_only_when_asked(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ simulator
-def plaintext_reference(scheme: str, client: ClientArgs, global_stats: bool, rounds: int):
-    """(initial model, final global model, weights per round) of the plaintext path, in this process."""
-    from fedweigh.data.site_config import resolve_site_data
-    from fedweigh.flare.recipes import ModelSpec
-    from fedweigh.label_stats import decode_sum, statistics_vector
-    from fedweigh.models import FedweighNet
-    from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
-    from fedweigh.site import SiteTrainer
-    from fedweigh.train import get_params
-    from fedweigh.weighting import get_scheme
-
-    g = initial = get_params(FedweighNet(**asdict(ModelSpec(seed=client.seed))))
-    trainers = []
-    for name in [f"site-{k + 1}" for k in range(SITES)]:
-        site, test, _ = resolve_site_data(name, client)
-        trainers.append(SiteTrainer(site, test, client, threads=1))
-    if global_stats:
-        total = sum(statistics_vector(t.class_counts, len(t.site.train)) for t in trainers)
-        for t in trainers:
-            t.global_stats = decode_sum(total).as_dict()
-    step, weights = RoundStep(get_scheme(scheme), PlaintextBackend(g), num_rounds=rounds), []
-    for t in range(1, rounds + 1):
-        plan = step.plan(scheme, {})
-        results = []
-        for tr in trainers:
-            out = tr.run_round(g, t - 1, plan)
-            meta = {
-                "num_samples": out.num_samples,
-                "NUM_STEPS_CURRENT_ROUND": out.num_steps,
-                "fedweigh_scalars": out.scalars,
-            }
-            results.append(ClientResult(tr.site_name, out.params, meta))
-        update = step.run(t, results)
-        g = update.params
-        weights.append(update.weights)
-    return initial, g, weights
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("method", "scheme", "rounds", "options"),
@@ -161,7 +123,9 @@ def test_he_run_matches_the_plaintext_path(method, scheme, rounds, options, tmp_
     for key in site_models[0]:
         np.testing.assert_array_equal(site_models[0][key], site_models[1][key])
 
-    initial, reference, ref_weights = plaintext_reference(scheme, recipe.client_args, scheme == "cbr", rounds)
+    initial, reference, ref_weights = plaintext_reference(
+        scheme, recipe.client_args, scheme == "cbr", rounds, SITES
+    )
     he_model = site_models[0]
     assert sorted(he_model) == sorted(reference)
 

@@ -218,6 +218,36 @@ def test_fedprox_gradient_is_added_after_the_noise():
         )
 
 
+@pytest.mark.parametrize("mode", ["fast", "hooks"])
+def test_dp_sgd_noise_is_drawn_afresh_for_every_run_and_round(mode):
+    """Without a seed (every NVFlare job) the noise comes from the OS, never from a value the server could
+    know: two sites, or two rounds, starting from the same model on the same data get different noise.
+
+    With the whole training set as the expected batch the Poisson rate is 1, so every step sees every
+    sample and only the noise can make two runs differ (with one seed they are equal, checked first).
+    """
+    data = images(8)
+    start = build_model("densenet_compact", 3, img_size=SIZE, norm="group", seed=0)
+    cfg = TrainConfig(batch_size=len(data), max_steps=1, lr=0.1, optimizer="sgd")
+    config = DPConfig(noise_multiplier=1.0, mode=mode)
+
+    def one_round(dp: DPSGD) -> dict[str, np.ndarray]:
+        model = copy.deepcopy(start)
+        _, report = dp.train_round(model, data, cfg)
+        assert report.sample_rate == 1.0 and report.steps == 1
+        return get_params(model)
+
+    def largest_difference(a: dict, b: dict) -> float:
+        return max(float(np.max(np.abs(a[k] - b[k]))) for k in a if a[k].dtype.kind == "f")
+
+    assert largest_difference(one_round(DPSGD(config, seed=5)), one_round(DPSGD(config, seed=5))) == 0.0
+    site_a = DPSGD(config, site_name="site-a")
+    first = one_round(site_a)
+    # noise std on a weight: lr * sigma * C / batch = 0.1 * 1 * 1 / 8
+    assert largest_difference(first, one_round(DPSGD(config, site_name="site-b"))) > 1e-3
+    assert largest_difference(first, one_round(site_a)) > 1e-3  # the next round of the same site
+
+
 # ------------------------------------------------------------------------------ Gaussian mechanism
 def test_gaussian_noise_scales_match_the_formulas():
     sens = histogram_sensitivity(14, "multilabel")
@@ -258,6 +288,20 @@ def test_noised_histograms_are_consistent_and_unbiased():
     multiclass = privatize_histogram(np.array([40, 0, 25]), 65, "multiclass", config, rng)
     assert multiclass.sensitivity == math.sqrt(2)
     assert multiclass.num_samples == multiclass.class_counts.sum() and (multiclass.class_counts >= 0).all()
+
+
+def test_statistics_noise_is_drawn_afresh_for_every_job_and_site(tmp_path):
+    """The noise on a released histogram comes from the OS: two jobs, two sites, two direct draws of the
+    same histogram differ (sigma ~ 18 here: equal releases have negligible probability)."""
+    config = StatsDPConfig(epsilon=1.0, delta=1e-5)
+    counts, n = np.array([30, 12, 0, 7, 25, 3, 9, 14, 1, 0, 5, 8, 2, 40]), 60
+    releases = [
+        HistogramReleaser(config, site, job, folder=tmp_path).release(counts, n, "multilabel")
+        for site, job in (("site-1", "job-a"), ("site-1", "job-b"), ("site-2", "job-a"))
+    ]
+    releases += [privatize_histogram(counts, n, "multilabel", config) for _ in range(2)]
+    vectors = {tuple(r.class_counts.tolist()) + (r.num_samples,) for r in releases}
+    assert len(vectors) == len(releases)
 
 
 def stats_trainer(job_id: str, **args) -> SimpleNamespace:

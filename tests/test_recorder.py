@@ -1,6 +1,9 @@
 import csv
 import json
 
+import numpy as np
+from figures import assert_weights_plot, captured_figures, lines
+
 from fedweigh.records import RoundRecorder, load_rows
 
 
@@ -12,7 +15,8 @@ def test_recorder_writes_json_csv_and_plots(tmp_path):
     rec.set_round(2, {"site-1": 0.4, "site-10": 0.6}, {"lambda": 1.0, "beta": 0.0})
     rec.set_metrics(2, {"test_auc": 0.7, "test_gm": 0.3})
     rec.flush()
-    paths = rec.plot()
+    with captured_figures() as figures:
+        paths = rec.plot()
     rec.close()
     rows = load_rows(tmp_path / "fedweigh_metrics.json")
     assert [r["round"] for r in rows] == [0, 1, 2]
@@ -24,3 +28,10 @@ def test_recorder_writes_json_csv_and_plots(tmp_path):
     assert all(p.stat().st_size > 1000 for p in paths)
     assert list((tmp_path / "tb_events" / "global").iterdir())
     assert json.loads((tmp_path / "fedweigh_metrics.json").read_text())["scheme"] == "feddraw"
+    # the plots show the rows: weights as a stacked area (site-10 after site-2), AUC and GM by round
+    assert_weights_plot(figures[tmp_path / "fedweigh_client_weights.png"], rows[1:])
+    shown = lines(figures[tmp_path / "fedweigh_auc_by_round.png"].axes[0])
+    assert set(shown) == {"test_auc", "test_gm"}
+    for key in shown:
+        np.testing.assert_array_equal(shown[key][0], [0, 1, 2])
+        np.testing.assert_array_equal(shown[key][1], [r[key] for r in rows])

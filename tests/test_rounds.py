@@ -74,3 +74,20 @@ def test_plan_and_metric_means():
     assert fedprox["fedprox_mu"] == pytest.approx(0.001) and fedprox["scalars"] == []
     assert plan("cbr", gamma=1.0)["scalars"] == ["skew"]
     assert mean_metrics([{"a": 1.0, "b": float("nan")}, {"a": 3.0}]) == {"a": 2.0}
+
+
+@pytest.mark.parametrize("steps", [0, -4, 10**12, float("nan")])
+def test_round_step_leaves_out_a_site_with_an_impossible_step_count(steps):
+    """FedNova weighs by the reported local steps: a site reporting an impossible count is left out."""
+    g = {"w": np.zeros(3)}
+    results = [
+        ClientResult("site-1", {"w": np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 2}),
+        ClientResult("site-2", {"w": np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 2}),
+        ClientResult("site-3", {"w": -np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": steps}),
+    ]
+    step = RoundStep(get_scheme("fednova"), PlaintextBackend(g), num_rounds=3, min_clients=2)
+    outcome = step.run(1, results, ["site-1", "site-2", "site-3"])
+    assert set(outcome.excluded) == {"site-3"}
+    assert "NUM_STEPS_CURRENT_ROUND" in outcome.excluded["site-3"]
+    assert set(outcome.weights) == {"site-1", "site-2"}
+    assert outcome.params["w"] == pytest.approx(np.ones(3))  # only the two valid sites moved it

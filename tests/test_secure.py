@@ -317,3 +317,23 @@ def test_no_context_anywhere_names_where_it_looked(tmp_path):
 def test_locate_rejects_unknown_role(tmp_path):
     with pytest.raises(ValueError, match="role"):
         locate_context("admin", start=tmp_path, environ={})
+
+
+# The files docs/privacy.md names: any one of them makes a startup/ folder a provisioned kit (a server
+# kit has fed_server.json, a site kit fed_client.json, every kit rootCA.pem). Listed here, not taken
+# from the module, so that dropping one from the code is noticed.
+@pytest.mark.parametrize("marker", ["fed_server.json", "fed_client.json", "rootCA.pem"])
+def test_each_kit_file_alone_marks_a_provisioned_workspace(tmp_path, marker):
+    sim = simulation_keys(tmp_path / "simws")
+    site = tmp_path / "site-1"
+    (site / "startup").mkdir(parents=True)
+    (site / "simulate_job").mkdir()  # even next to the simulator's job folder
+    (site / "startup" / marker).write_text("{}")
+    assert is_provisioned(site / "startup")
+    assert not is_simulator_site(site)
+    with pytest.raises(SimulationKeysRefused, match=f"provisioned workspace.*{marker}"):
+        locate_context("client", start=site, environ={CONTEXT_DIR_ENV: str(sim)})
+    # no context in the kit: the site is told to provision one instead of getting simulation keys
+    with pytest.raises(ContextNotFoundError, match="HEBuilder"):
+        locate_context("client", start=site, environ={})
+    assert not (tmp_path / SIMULATION_DIR).exists()

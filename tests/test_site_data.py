@@ -71,3 +71,46 @@ def test_train_val_split_is_disjoint_and_deterministic():
     ids_tr, ids_va = set(tr.images[:, 0, 0, 0]), set(va.images[:, 0, 0, 0])
     assert len(va) == 10 and len(tr) == 40 and not ids_tr & ids_va
     assert np.array_equal(va.images, va2.images)
+
+
+def test_data_path_variables_are_expanded_at_the_site(tmp_path, monkeypatch):
+    """docs/deploy.md: `$VARIABLES` in a site's data_path are expanded at the site; an unset one is named."""
+    from fixtures_data import write_medmnist_npz
+
+    from fedweigh.data.site_config import resolve_site_data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    raw = write_medmnist_npz(data / "chest.npz", sizes=(20, 4, 6))
+    site_dir = tmp_path / "hospital-a"
+    (site_dir / "local").mkdir(parents=True)
+    config = {"dataset": "chestmnist", "data_path": "$FEDWEIGH_TEST_DATA/chest.npz", "size": 28}
+    (site_dir / "local" / "fedweigh_site.json").write_text(json.dumps(config))
+    monkeypatch.delenv("FEDWEIGH_SITE_CONFIG", raising=False)
+    monkeypatch.setenv("FEDWEIGH_TEST_DATA", str(data))
+
+    site, test, num_sites = resolve_site_data("hospital-a", ClientArgs(), workspace=site_dir)
+    assert num_sites == 1 and len(test) == 6
+    assert len(site.train) + len(site.val) == len(raw["train_images"]) + len(raw["val_images"])
+
+    monkeypatch.delenv("FEDWEIGH_TEST_DATA")
+    with pytest.raises(ValueError, match=r"\$FEDWEIGH_TEST_DATA/chest.npz.*not set"):
+        resolve_site_data("hospital-a", ClientArgs(), workspace=site_dir)
+
+
+def test_job_data_path_variables_are_expanded_in_simulation(tmp_path, monkeypatch):
+    """The jobs chestmnist_feddraw / chexpert_feddraw name their data as $FEDWEIGH_CHESTMNIST etc."""
+    from fixtures_data import write_medmnist_npz
+
+    from fedweigh.data.site_config import resolve_site_data
+
+    write_medmnist_npz(tmp_path / "chest.npz", sizes=(40, 8, 6))
+    monkeypatch.delenv("FEDWEIGH_SITE_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDWEIGH_CHESTMNIST", str(tmp_path / "chest.npz"))
+    args = ClientArgs(dataset="chestmnist", data_path="$FEDWEIGH_CHESTMNIST", size=28, scenario="iid-4")
+    site, test, num_sites = resolve_site_data("site-2", args)
+    assert num_sites == 4 and len(test) == 6 and len(site.train) > 0
+    monkeypatch.delenv("FEDWEIGH_CHESTMNIST")
+    with pytest.raises(ValueError, match="FEDWEIGH_CHESTMNIST.*not set"):
+        resolve_site_data("site-2", args)

@@ -63,3 +63,28 @@ def test_bad_params_are_named(params, message):
 def test_bad_meta_is_named(meta, message):
     with pytest.raises(InvalidClientResult, match=message):
         _check(meta=meta, required=("skew",), limits=ResultLimits(max_num_samples=1000))
+
+
+@pytest.mark.parametrize(
+    "steps, message",
+    [
+        (0, "positive"),
+        (-3, "positive"),
+        (2.5, "integer"),
+        (float("nan"), "integer"),
+        (float("inf"), "integer"),
+        ("many", "integer"),
+        (None, "integer"),
+        (True, "integer"),
+        (10**9, "plausibility"),
+    ],
+)
+def test_bad_step_count_is_named(steps, message):
+    """FedNova weights and stock FedAvg's weights use the reported step count: it is checked like N_k."""
+    meta = {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": steps}
+    with pytest.raises(InvalidClientResult, match=f"site-2: NUM_STEPS_CURRENT_ROUND.*{message}"):
+        _check(meta=meta, limits=ResultLimits(max_num_steps=1000))
+
+
+def test_missing_step_count_counts_as_one_step():
+    assert _check(meta={"num_samples": 10})[2] == 1
