@@ -20,6 +20,7 @@ Cosine convention for zero vectors: cos(0, 0) = 1, cos(0, v) = 0 for v != 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,6 +114,27 @@ def model_similarity(
             raise ValueError("no floating-point parameters to compare")
         return float(np.mean(cosine_from_parts(a, g, c)))
     raise ValueError(f"similarity mode must be 'params' or 'layer' here, got {mode!r}")
+
+
+def delta_norms(
+    global_params: Mapping[str, np.ndarray], client_params: Sequence[Mapping[str, np.ndarray]]
+) -> np.ndarray:
+    """||theta_k - theta_g|| over the floating-point arrays, in float64 for every client.
+
+    Unlike :func:`delta_gram` (BLAS in the arrays' precision) this never overflows for float32
+    updates of any finite size: a norm is infinite only when it exceeds the float64 range.
+    """
+    keys = float_keys(global_params)
+    out = np.zeros(len(client_params))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, p in enumerate(client_params):
+            total = 0.0
+            for key in keys:
+                g = np.asarray(global_params[key], dtype=np.float64).ravel()
+                d = np.asarray(p[key], dtype=np.float64).ravel() - g
+                total += float(np.dot(d, d))
+            out[i] = math.sqrt(total) if math.isfinite(total) else math.inf
+    return out
 
 
 @dataclass(frozen=True)
