@@ -85,6 +85,18 @@ def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
     )
 
 
+def follow_budget(trainer: SiteTrainer, guard: PrivacyGuard, plan: dict, job_id: str) -> str:
+    """Key the site's DP accounts by the budget id the plan announces (the first job's id, kept by the
+    server across ``resume_from``; this job's id when the plan names none): the DP-SGD accountant and
+    the statistics release of a resumed run continue where the earlier job left them."""
+    budget_id = str(plan.get("budget_id") or job_id)
+    if budget_id != trainer.job_id:
+        guard.budget_id = budget_id
+        trainer.job_id = budget_id
+        trainer.global_stats = trainer.global_stats or load_cached_global_stats(budget_id)
+    return budget_id
+
+
 def task_refusal(policy: SitePolicy, task: str, meta: dict, plan: dict, he_meta) -> str | None:
     """Why the site's policy refuses this task (None: it may be answered)."""
     if task == TASK_STATS and meta.get(META_STEP) == "collect":
@@ -129,11 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         task = flare.get_task_name()
         meta = input_model.meta or {}
         plan = meta.get(META_PLAN, {}) or {}
-        budget_id = str(plan.get("budget_id") or job_id)
-        if budget_id != trainer.job_id:  # DP budgets follow the run across resume_from
-            guard.budget_id = budget_id
-            trainer.job_id = budget_id
-            trainer.global_stats = trainer.global_stats or load_cached_global_stats(budget_id)
+        follow_budget(trainer, guard, plan, job_id)
         round_index = int(input_model.current_round or 0)
         he_meta = meta.get(META_HE) if task != TASK_STATS else None
         refused = refused or task_refusal(policy, task, meta, plan, he_meta)
