@@ -13,6 +13,7 @@ from fedweigh.flare.aggregator import FedweighAggregator
 
 
 def _aggregator(scheme: str = "fedavg", **kwargs) -> FedweighAggregator:
+    kwargs.setdefault("min_update_cosine", None)  # the updates here are opposite on purpose
     agg = FedweighAggregator(scheme=scheme, num_rounds=3, **kwargs)
     ctx = FLContext()
     g = FLModel(params_type=ParamsType.FULL, params={"w": np.zeros(3, np.float32)})

@@ -15,6 +15,7 @@ from fedweigh.flare.controller import FedweighController
         ({"max_share": "half"}, "max_share"),
         ({"update_norm_bound": 0.5}, "update_norm_bound"),
         ({"min_secure_sum": 1}, "min_secure_sum"),
+        ({"min_update_cosine": 2.0}, "min_update_cosine"),
         ({"train_timeout": -1}, "train_timeout"),
         ({"stop_after": 9, "num_rounds": 3}, "stop_after"),
         ({"memory_gc_rounds": -1}, "memory_gc_rounds"),
@@ -32,4 +33,4 @@ def test_defaults_free_memory_every_round_and_never_wait_forever():
     assert controller.memory_gc_rounds == 1
     assert controller.train_timeout == 3600  # a silent site cannot stall the job
     assert controller.max_share == "auto" and controller.update_norm_bound == 3.0
-    assert controller.min_secure_sum == 3
+    assert controller.min_secure_sum == 3 and controller.min_update_cosine == 0.0

@@ -20,6 +20,7 @@ from fedweigh.rounds import (
     PlaintextBackend,
     RoundStep,
     norm_scales,
+    objecting_sites,
     params_digest,
     resolve_max_share,
 )
@@ -166,6 +167,7 @@ def test_plaintext_feddraw_computes_the_similarity_itself():
             num_rounds=4,
             max_share=None,
             update_norm_bound=None,
+            min_update_cosine=None,
         )
         outcome, _ = run(results=results, step=step, t=3)
         assert list(outcome.weights.values()) == pytest.approx(list(weights[-1]), abs=1e-12)
@@ -211,13 +213,32 @@ def test_a_huge_finite_update_is_scaled_to_the_bound():
     g = g0()
     results = [result(s, honest(s, g)) for s in SITES[:3]]
     results.append(result("site-4", {"w": np.full((4, 5), 1e30, np.float32), "n": g["n"] + 2}))
-    free, _ = run(results=results, g=g, update_norm_bound=None)
+    free, _ = run(results=results, g=g, update_norm_bound=None, min_update_cosine=None)
     assert np.abs(free.params["w"]).max() > 1e28  # what one site did to the global model before
-    outcome, _ = run(results=results, g=g)
-    assert outcome.updated and "site-4" in outcome.bounded
+    outcome, _ = run(results=results, g=g, min_update_cosine=None)
+    assert (
+        outcome.updated
+        and "site-4" in outcome.bounded
+        and "above 3 x the median" in outcome.bounded["site-4"]
+    )
     honest_norm = max(np.linalg.norm(results[i].params["w"] - g["w"]) for i in range(3))
     moved = np.linalg.norm(outcome.params["w"] - g["w"])
     assert moved < 3 * honest_norm  # at most the bound (3 x the others' median norm), times its weight
+
+
+def test_the_norm_bound_holds_array_by_array():
+    """An update may not pour its whole budget into one array: each array has its own bound."""
+    g = {"a": np.zeros(100, np.float32), "b": np.zeros(4, np.float32)}
+    rng = np.random.default_rng(1)
+    results = [
+        result(s, {"a": rng.normal(0, 0.1, 100).astype(np.float32), "b": np.full(4, 0.01, np.float32)})
+        for s in SITES[:3]
+    ]
+    attack = {"a": rng.normal(0, 0.1, 100).astype(np.float32), "b": np.full(4, 0.9, np.float32)}
+    results.append(result("site-4", attack))  # same total norm as an honest update, all of it in b
+    outcome, _ = run(results=results, g=g, min_update_cosine=None)
+    assert "1 of 2 arrays" in outcome.bounded["site-4"]
+    assert np.abs(outcome.params["b"]).max() < 0.25 * 3 * 0.01 + 0.75 * 0.01 + 1e-6
 
 
 def test_a_scaled_sign_flipped_update_cannot_undo_the_others():
@@ -226,12 +247,31 @@ def test_a_scaled_sign_flipped_update_cannot_undo_the_others():
     flipped = {"w": (g["w"] - 100 * (results[0].params["w"] - g["w"])).astype(np.float32), "n": g["n"] + 2}
     results.append(result("site-4", flipped))
     honest_mean = np.mean([r.params["w"] - g["w"] for r in results[:3]], axis=0)
-    free, _ = run(results=results, g=g, update_norm_bound=None)
-    bounded, _ = run(results=results, g=g)
     direction = lambda p: float(np.sum((p["w"] - g["w"]) * honest_mean))  # noqa: E731
-    assert direction(free.params) < 0  # without the bound, the model moves against the honest sites
+    free, _ = run(results=results, g=g, update_norm_bound=None, min_update_cosine=None)
+    assert direction(free.params) < 0  # without the checks, the model moves against the honest sites
+    bounded, _ = run(results=results, g=g, min_update_cosine=None)
     assert "site-4" in bounded.bounded and "median" in bounded.bounded["site-4"]
-    assert direction(bounded.params) > -np.sum(honest_mean * honest_mean)  # bounded damage
+    assert direction(bounded.params) > direction(free.params)  # the norm bound alone limits the damage
+    checked, _ = run(results=results, g=g)  # the defaults: it points away from the others, so it is left out
+    assert "points away from 3 of the 3 other sites' updates" in checked.excluded["site-4"]
+    assert set(checked.weights) == set(SITES[:3]) and direction(checked.params) > 0
+
+
+def test_the_direction_check_needs_a_majority_of_the_others():
+    # three sites, one flipped: the honest two each object to one of two others (not a majority)
+    g = g0()
+    results = [result(s, honest(s, g)) for s in SITES[:2]]
+    results.append(
+        result("site-3", {"w": (g["w"] - (results[0].params["w"] - g["w"])).astype(np.float32), "n": g["n"]})
+    )
+    outcome, _ = run(results=results, g=g)
+    assert set(outcome.excluded) == {"site-3"} and set(outcome.weights) == {"site-1", "site-2"}
+    # two sites: no majority to tell who points away, so no check
+    outcome, _ = run(results=results[1:], g=g)
+    assert not outcome.excluded
+    gram = np.array([[1.0, 0.5, -0.5], [0.5, 1.0, -0.5], [-0.5, -0.5, 1.0]])
+    assert objecting_sites(gram, 0.0).tolist() == [1, 1, 2]
 
 
 def test_an_update_too_large_to_measure_is_excluded():

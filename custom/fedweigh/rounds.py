@@ -43,7 +43,7 @@ from fedweigh.protocol import META_MIN_SECURE_SUM
 from fedweigh.secure.quorum import ABSOLUTE_MIN, parse_minimum, secure_sum_quorum
 from fedweigh.validation import InvalidClientResult, ResultLimits, check_meta, check_params, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme
-from fedweigh.weighting.geometry import delta_norms
+from fedweigh.weighting.geometry import delta_gram64, delta_norms
 
 logger = logging.getLogger("fedweigh.rounds")
 
@@ -52,9 +52,12 @@ logger = logging.getLogger("fedweigh.rounds")
 #: of them the majority, and the cap would force equal weights).
 DEFAULT_MAX_SHARE = 0.5
 AUTO_CAP_MIN_SITES = 3
-#: Default ``update_norm_bound``: an update may be at most this many times the median norm of the
-#: other sites' updates of the round (larger ones are scaled down to it).
+#: Default ``update_norm_bound``: every array of an update may be at most this many times the median
+#: norm of the same array in the other sites' updates of the round (larger ones are scaled down).
 DEFAULT_UPDATE_NORM_BOUND = 3.0
+#: Default ``min_update_cosine``: an update whose cosine with more than half of the other sites'
+#: updates is below this points away from them and is left out (three or more updates, plaintext).
+DEFAULT_MIN_UPDATE_COSINE = 0.0
 #: A weight below this contributes nothing to an encrypted sum (fedweigh.secure.updates.ZERO_WEIGHT).
 ZERO_WEIGHT = 1e-12
 
@@ -87,20 +90,45 @@ def check_update_norm_bound(bound: object) -> float | None:
     return float(bound)
 
 
+def check_min_update_cosine(value: object) -> float | None:
+    """``min_update_cosine`` as a job may set it: None (off) or a number in [-1, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1.0 <= value <= 1.0:
+        raise ValueError(f"min_update_cosine must be None (off) or a number in [-1, 1], got {value!r}")
+    return float(value)
+
+
 def norm_scales(norms: np.ndarray, bound: float) -> np.ndarray:
-    """Per update, the factor (<= 1) that brings its norm within ``bound`` times the median norm of
-    the OTHER updates of the round (leave-one-out, so the site being judged never sets its own bound
-    and one site cannot raise it; one update alone is left as it is)."""
+    """Per update (row) and array (column), the factor (<= 1) that brings the array's norm within
+    ``bound`` times the median norm of the same array in the OTHER updates of the round
+    (leave-one-out, so the site being judged never sets its own bound and one site cannot raise it;
+    one update alone is left as it is). A 1-D ``norms`` is one array per update."""
     norms = np.asarray(norms, dtype=np.float64)
-    scales = np.ones(norms.size)
-    for k in range(norms.size):
-        others = np.delete(norms, k)
-        if others.size == 0:
+    flat = norms.ndim == 1
+    n = norms[:, None] if flat else norms
+    scales = np.ones(n.shape)
+    for k in range(n.shape[0]):
+        others = np.delete(n, k, axis=0)
+        if others.shape[0] == 0:
             continue
-        limit = bound * float(np.median(others))
-        if norms[k] > limit:
-            scales[k] = limit / norms[k] if limit > 0 else 0.0
-    return scales
+        limit = bound * np.median(others, axis=0)
+        over = n[k] > limit
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scales[k, over] = np.where(limit[over] > 0, limit[over] / n[k, over], 0.0)
+    return scales[:, 0] if flat else scales
+
+
+def objecting_sites(gram: np.ndarray, threshold: float) -> np.ndarray:
+    """Per update k, how many of the OTHER updates j it points away from: cos(Delta_k, Delta_j) below
+    ``threshold`` (a zero update points nowhere and objects to nothing)."""
+    g = np.asarray(gram, dtype=np.float64)
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    denom = np.outer(norms, norms)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.where(denom > 0, g / np.where(denom > 0, denom, 1.0), 1.0)
+    np.fill_diagonal(cos, 1.0)
+    return (cos < threshold).sum(axis=1)
 
 
 def params_digest(params: Mapping[str, Any] | None) -> str:
@@ -228,12 +256,17 @@ class AggregationBackend(ABC):
         return {}
 
     def update_norms(self, contributions: Sequence[Any]) -> np.ndarray | None:
-        """||Delta_k|| of every contribution, or None when this backend cannot see them (HE)."""
+        """||Delta_k,l|| of every contribution k (rows) and floating-point array l (columns), or None
+        when this backend cannot see them (HE)."""
         return None
 
-    def scale_update(self, contribution: Any, factor: float) -> Any:
-        """The contribution with its update Delta_k multiplied by ``factor`` (only called when
-        :meth:`update_norms` returned norms)."""
+    def update_gram(self, contributions: Sequence[Any]) -> np.ndarray | None:
+        """G_jk = <Delta_j, Delta_k> of the contributions, or None when this backend cannot see them."""
+        return None
+
+    def scale_update(self, contribution: Any, factors: np.ndarray) -> Any:
+        """The contribution with the update of its floating-point array l multiplied by
+        ``factors[l]`` (only called when :meth:`update_norms` returned norms)."""
         raise NotImplementedError
 
 
@@ -264,12 +297,18 @@ class PlaintextBackend(AggregationBackend):
             return None
         return delta_norms(self.global_params, contributions)
 
-    def scale_update(self, contribution: Params, factor: float) -> Params:
+    def update_gram(self, contributions: Sequence[Params]) -> np.ndarray | None:
+        if self.global_params is None:
+            return None
+        return delta_gram64(self.global_params, contributions)
+
+    def scale_update(self, contribution: Params, factors: np.ndarray) -> Params:
         assert self.global_params is not None
         out = dict(contribution)
-        for key, g in self.global_params.items():
-            if np.issubdtype(np.asarray(g).dtype, np.floating):
-                g64 = np.asarray(g, dtype=np.float64)
+        keys = [k for k, g in self.global_params.items() if np.issubdtype(np.asarray(g).dtype, np.floating)]
+        for key, factor in zip(keys, np.asarray(factors, dtype=np.float64).reshape(-1), strict=True):
+            if factor < 1.0:
+                g64 = np.asarray(self.global_params[key], dtype=np.float64)
                 new = g64 + factor * (np.asarray(contribution[key], dtype=np.float64) - g64)
                 out[key] = new.astype(np.asarray(contribution[key]).dtype)
         return out
@@ -335,6 +374,9 @@ class RoundStep:
         update_norm_bound: scale an update down to this many times the median norm of the other
             sites' updates of the round (default :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off).
             Plaintext only.
+        min_update_cosine: leave out an update whose cosine with more than half of the other sites'
+            updates is below this (default :data:`DEFAULT_MIN_UPDATE_COSINE`: one that points away
+            from most of them); from three updates on, plaintext only. None: off.
         min_secure_sum: under HE, the fewest updates an encrypted sum may hold (raised by the
             minimum each contributing site announces; :func:`fedweigh.secure.quorum.secure_sum_quorum`).
         log: where warnings about left-out sites go (the controller passes NVFlare's logger).
@@ -350,6 +392,7 @@ class RoundStep:
         max_share: float | str | None = "auto",
         limits: ResultLimits | None = None,
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
         min_secure_sum: int = ABSOLUTE_MIN,
         log: Callable[[str], None] | None = None,
     ):
@@ -362,6 +405,7 @@ class RoundStep:
         self.max_share = check_max_share(max_share)
         self.limits = limits or ResultLimits()
         self.update_norm_bound = check_update_norm_bound(update_norm_bound)
+        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
         self.min_secure_sum = max(ABSOLUTE_MIN, int(min_secure_sum))
         self.log = log or logger.warning
         #: per site, the digests of its accepted results and their rounds (replays are refused)
@@ -410,13 +454,14 @@ class RoundStep:
         return report, contribution
 
     def _bound_norms(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
-        """Exclude updates whose norm is not finite; scale the others to the norm bound."""
+        """Exclude updates whose norm is not finite; scale every array of the others to the bound."""
         if self.update_norm_bound is None or not contributions:
             return contributions
         norms = self.backend.update_norms(contributions)
         if norms is None:
             return contributions
-        keep = [i for i, v in enumerate(norms) if math.isfinite(float(v))]
+        norms = np.asarray(norms, dtype=np.float64).reshape(len(contributions), -1)
+        keep = [i for i in range(len(contributions)) if np.isfinite(norms[i]).all()]
         for i in range(len(contributions)):
             if i not in keep:
                 site = outcome.reports[i].name
@@ -426,21 +471,53 @@ class RoundStep:
                 self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[site]}")
         outcome.reports = [outcome.reports[i] for i in keep]
         contributions = [contributions[i] for i in keep]
-        norms = np.asarray([norms[i] for i in keep], dtype=np.float64)
+        norms = norms[keep]
         scales = norm_scales(norms, self.update_norm_bound)
         out = []
-        for report, contribution, norm, scale in zip(
+        for report, contribution, row, factors in zip(
             outcome.reports, contributions, norms, scales, strict=True
         ):
-            if scale < 1.0:
+            if (factors < 1.0).any():
+                before = float(np.sqrt(np.sum(row**2)))
+                after = float(np.sqrt(np.sum((row * factors) ** 2)))
                 outcome.bounded[report.name] = (
-                    f"update norm {norm:.4g} scaled down to {norm * scale:.4g} "
-                    f"({self.update_norm_bound:g} x the median norm of the other sites' updates)"
+                    f"update norm {before:.4g} scaled down to {after:.4g} ({int((factors < 1).sum())} of "
+                    f"{factors.size} arrays above {self.update_norm_bound:g} x the median of the other sites')"
                 )
                 self.log(f"round {outcome.round_index}: {report.name}: {outcome.bounded[report.name]}")
-                contribution = self.backend.scale_update(contribution, float(scale))
+                contribution = self.backend.scale_update(contribution, factors)
             out.append(contribution)
         return out
+
+    def _check_directions(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
+        """Leave out the updates that point away from most of the other sites' updates
+        (``min_update_cosine``; from three updates on)."""
+        if self.min_update_cosine is None or len(contributions) < AUTO_CAP_MIN_SITES:
+            return contributions
+        gram = self.backend.update_gram(contributions)
+        if gram is None:
+            return contributions
+        gram = np.asarray(gram, dtype=np.float64)
+        measurable = np.isfinite(gram).all(axis=1)
+        objections = objecting_sites(np.where(np.isfinite(gram), gram, 0.0), self.min_update_cosine)
+        others = len(contributions) - 1
+        keep = []
+        for i, (report, count) in enumerate(zip(outcome.reports, objections, strict=True)):
+            if not measurable[i]:
+                outcome.excluded[report.name] = (
+                    f"{report.name}: its update is too large to measure (overflows float64)"
+                )
+                self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
+            elif 2 * count > others:
+                outcome.excluded[report.name] = (
+                    f"{report.name}: its update points away from {count} of the {others} other sites' updates "
+                    f"(cosine below min_update_cosine={self.min_update_cosine:g})"
+                )
+                self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
+            else:
+                keep.append(i)
+        outcome.reports = [outcome.reports[i] for i in keep]
+        return [contributions[i] for i in keep]
 
     def _secure_quorum(
         self, outcome: RoundOutcome, contributions: list[Any], minimums: dict[str, int]
@@ -492,6 +569,7 @@ class RoundStep:
         if valid_metrics:
             outcome.metrics = mean_metrics(valid_metrics)
         contributions = self._bound_norms(outcome, contributions)
+        contributions = self._check_directions(outcome, contributions)
         if self.backend.encrypted:
             contributions = self._secure_quorum(outcome, contributions, minimums)
         if not outcome.reason and len(outcome.reports) < self.min_clients:
@@ -538,6 +616,7 @@ __all__ = [
     "check_update_norm_bound",
     "mean_metrics",
     "norm_scales",
+    "objecting_sites",
     "params_digest",
     "resolve_max_share",
     "sample_sites",

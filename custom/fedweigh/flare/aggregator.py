@@ -27,11 +27,13 @@ from nvflare.app_common.app_constant import AppConstants
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.protocol import META_NUM_SAMPLES
 from fedweigh.rounds import (
+    DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
     ClientResult,
     PlaintextBackend,
     RoundStep,
     check_max_share,
+    check_min_update_cosine,
     check_update_norm_bound,
 )
 from fedweigh.weighting import get_scheme
@@ -65,6 +67,8 @@ class FedweighAggregator(ModelAggregator):
             None: no cap), as in the controller.
         update_norm_bound: bound on each update's norm relative to the others' (None: off), as in the
             controller.
+        min_update_cosine: leave out an update pointing away from most others' (None: off), as in
+            the controller.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class FedweighAggregator(ModelAggregator):
         min_clients: int = 1,
         max_share: float | str | None = "auto",
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         super().__init__()
         self.scheme = scheme
@@ -83,6 +88,7 @@ class FedweighAggregator(ModelAggregator):
         self.min_clients = min_clients
         self.max_share = check_max_share(max_share)
         self.update_norm_bound = check_update_norm_bound(update_norm_bound)
+        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
         #: digests of every site's accepted results (a replayed result is refused in any later round)
         self._seen_digests: dict[str, dict[str, int]] = {}
         self._scheme = get_scheme(scheme, **self.scheme_args)
@@ -125,6 +131,7 @@ class FedweighAggregator(ModelAggregator):
             min_clients=self.min_clients,
             max_share=self.max_share,
             update_norm_bound=self.update_norm_bound,
+            min_update_cosine=self.min_update_cosine,
             log=self.warning,
         )
         step.seen_digests = self._seen_digests

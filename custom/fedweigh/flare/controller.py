@@ -49,12 +49,14 @@ from fedweigh.protocol import (
 )
 from fedweigh.records import RoundRecorder
 from fedweigh.rounds import (
+    DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
     AggregationBackend,
     ClientResult,
     PlaintextBackend,
     RoundStep,
     check_max_share,
+    check_min_update_cosine,
     check_update_norm_bound,
     mean_metrics,
     sample_sites,
@@ -126,8 +128,12 @@ class FedweighController(ModelController):
             :func:`fedweigh.rounds.cap_weights`); bounds a site that inflates its sample count or
             forges its statistics. ``"auto"`` (default): half the weight once three or more sites
             count. None: no cap.
-        update_norm_bound: scale an update down to this many times the median norm of the other
-            sites' updates of the round (plaintext updates; default 3); None: off.
+        update_norm_bound: scale every array of an update down to this many times the median norm of
+            the same array in the other sites' updates of the round (plaintext updates; default 3);
+            None: off.
+        min_update_cosine: leave out an update whose cosine with more than half of the other sites'
+            updates is below this (plaintext updates, three or more sites; default 0: an update
+            pointing away from most of the others); None: off.
         min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
             encrypted model aggregate) before anything is decrypted; at most the number of sites,
             never below 2; each site's policy may ask for more (default 3).
@@ -160,6 +166,7 @@ class FedweighController(ModelController):
         memory_gc_rounds: int = 1,
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
         min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (see run())
@@ -185,6 +192,7 @@ class FedweighController(ModelController):
         self.max_num_samples = max_num_samples
         self.max_share = check_max_share(max_share)
         self.update_norm_bound = check_update_norm_bound(update_norm_bound)
+        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
         if isinstance(min_secure_sum, bool) or not isinstance(min_secure_sum, int) or min_secure_sum < 2:
             raise ValueError(f"min_secure_sum must be an integer >= 2, got {min_secure_sum!r}")
         self.min_secure_sum = min_secure_sum
@@ -362,6 +370,7 @@ class FedweighController(ModelController):
             max_share=self.max_share,
             limits=ResultLimits(max_num_samples=self.max_num_samples),
             update_norm_bound=self.update_norm_bound,
+            min_update_cosine=self.min_update_cosine,
             log=self.warning,
         )
         recorder = RoundRecorder(out_dir, self.scheme, rows)

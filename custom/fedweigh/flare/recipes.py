@@ -27,7 +27,7 @@ from fedweigh.data import dataset_info
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, method_spec
-from fedweigh.rounds import DEFAULT_UPDATE_NORM_BOUND
+from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 from fedweigh.site import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
@@ -92,8 +92,10 @@ class FedweighRecipe(Recipe):
         resume_from: folder with the state of an earlier run to continue.
         max_share: cap on any one site's share of a round's weight: "auto" (default: half the weight
             once three or more sites count), a number in (0, 1], or None (no cap).
-        update_norm_bound: scale an update down to this many times the median norm of the other
-            sites' updates (default 3; None: off). docs/security.md.
+        update_norm_bound: scale every array of an update down to this many times the median norm
+            of that array in the other sites' updates (default 3; None: off). docs/security.md.
+        min_update_cosine: leave out an update pointing away from most of the others' (cosine below
+            this with more than half of them; default 0; None: off).
         min_secure_sum: the fewest contributions to any secure sum (default 3, at most the number of
             sites; each site's policy may ask for more).
         stop_after: end the run after that round; continue it with ``resume_from``.
@@ -132,6 +134,7 @@ class FedweighRecipe(Recipe):
         stop_after: int | None = None,
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
         min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         self.client_args = client or ClientArgs()
         if model is None:
@@ -170,6 +173,7 @@ class FedweighRecipe(Recipe):
             stop_after=stop_after,
             update_norm_bound=update_norm_bound,
             min_secure_sum=min_secure_sum,
+            min_update_cosine=min_update_cosine,
         )
         job.to_server(controller, id="controller")
         job.to_clients(ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv()))
