@@ -6,8 +6,10 @@ NVFlare 2.9 reads a site's ``local/resources.json`` in place of ``local/resource
 (the files are not merged), and a ``class_allow_list`` found there replaces the built-in list.
 This script therefore starts from the site's ``resources.json`` if it has one, else from the
 ``resources.json.default`` provisioning wrote, appends the entries of ``resources.json`` next to
-this script that are missing, and writes ``local/resources.json``. Running it twice changes nothing.
-Standard library only: it runs at a server or site without fedweigh installed.
+this script that are missing, removes the package prefix ``fedweigh.`` that earlier versions added
+(it admitted every function of the package, not only its components), and writes
+``local/resources.json``. Running it twice changes nothing. Standard library only: it runs at a
+server or site without fedweigh installed.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from pathlib import Path
 
 FRAGMENT = Path(__file__).resolve().with_name("resources.json")
 KEY = "class_allow_list"
+#: Entries earlier versions added and that must not stay: they admit more than fedweigh's components.
+RETIRED = ("fedweigh.",)
 
 
 def allow_list_entries(fragment: Path = FRAGMENT) -> list[str]:
-    """The class-path prefixes (``pkg.``) and class paths the fragment adds."""
+    """The class paths the fragment adds (exact component classes)."""
     entries = json.loads(fragment.read_text()).get(KEY)
     if not isinstance(entries, list) or not all(isinstance(e, str) and "." in e for e in entries):
         raise ValueError(
@@ -46,6 +50,10 @@ def allow(kit: Path, entries: list[str]) -> list[str]:
             f"{source} has no {KEY!r} list; copy the {KEY!r} of a freshly provisioned "
             "resources.json.default into it first"
         )
+    removed = [e for e in allow_list if e in RETIRED]
+    for entry in removed:
+        allow_list.remove(entry)
+        print(f"{current}: removed the package prefix {entry!r} (it admits every function of the package)")
     added = [e for e in entries if e not in allow_list]
     allow_list.extend(added)
     current.write_text(json.dumps(resources, indent=2) + "\n")

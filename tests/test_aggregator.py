@@ -13,6 +13,7 @@ from fedweigh.flare.aggregator import FedweighAggregator
 
 
 def _aggregator(scheme: str = "fedavg", **kwargs) -> FedweighAggregator:
+    kwargs.setdefault("min_update_cosine", None)  # the updates here are opposite on purpose
     agg = FedweighAggregator(scheme=scheme, num_rounds=3, **kwargs)
     ctx = FLContext()
     g = FLModel(params_type=ParamsType.FULL, params={"w": np.zeros(3, np.float32)})
@@ -44,11 +45,16 @@ def test_schemes_stock_fedavg_cannot_feed_are_refused(scheme, options, needs):
 
 def test_sample_weights_and_the_cap_as_in_the_controller():
     results = [_result("site-1", 1_000_000, 1.0), _result("site-2", 100, -1.0), _result("site-3", 100, -1.0)]
-    free = _aggregator()
+    free = _aggregator(max_share=None)
     for r in results:
         free.accept_model(r)
     out = free.aggregate_model()
     assert free.last_weights["site-1"] > 0.99
+    default = _aggregator()  # by default no site holds more than half the weight of 3 or more
+    for r in results:
+        default.accept_model(r)
+    default.aggregate_model()
+    assert default.last_weights["site-1"] == pytest.approx(0.5)
     capped = _aggregator(max_share=0.4)
     for r in results:
         capped.accept_model(r)

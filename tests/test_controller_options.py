@@ -12,6 +12,11 @@ from fedweigh.flare.controller import FedweighController
         ({"sample_fraction": 0.0}, "sample_fraction"),
         ({"statistics": "open"}, "statistics"),
         ({"max_share": 1.5}, "max_share"),
+        ({"max_share": "half"}, "max_share"),
+        ({"update_norm_bound": 0.5}, "update_norm_bound"),
+        ({"min_secure_sum": 1}, "min_secure_sum"),
+        ({"min_update_cosine": 2.0}, "min_update_cosine"),
+        ({"train_timeout": -1}, "train_timeout"),
         ({"stop_after": 9, "num_rounds": 3}, "stop_after"),
         ({"memory_gc_rounds": -1}, "memory_gc_rounds"),
         ({"memory_gc_rounds": 1.5}, "memory_gc_rounds"),
@@ -23,7 +28,9 @@ def test_bad_options_are_named(options, message):
         FedweighController(**options)
 
 
-def test_defaults_free_memory_every_round_and_wait_for_every_site():
+def test_defaults_free_memory_every_round_and_never_wait_forever():
     controller = FedweighController()
     assert controller.memory_gc_rounds == 1
-    assert controller.train_timeout == 0
+    assert controller.train_timeout == 3600  # a silent site cannot stall the job
+    assert controller.max_share == "auto" and controller.update_norm_bound == 3.0
+    assert controller.min_secure_sum == 3 and controller.min_update_cosine == 0.0

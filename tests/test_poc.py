@@ -367,7 +367,7 @@ def test_allow_fedweigh_extends_the_sites_list_once(tmp_path):
     }
     (kit / "local" / "resources.json.default").write_text(json.dumps(default))
     fragment = json.loads((REPO / "provisioning" / "resources.json").read_text())["class_allow_list"]
-    assert "fedweigh." in fragment
+    assert "fedweigh.flare.controller.FedweighController" in fragment and "fedweigh." not in fragment
     for _ in range(2):
         _allow_fedweigh(kit)
     written = json.loads((kit / "local" / "resources.json").read_text())

@@ -321,8 +321,9 @@ def test_statistics_phase_secure_end_to_end(keys_from_env, tmp_path, monkeypatch
         assert trainer.global_stats["class_counts"] == true_counts.tolist()
         assert trainer.global_stats["num_samples"] == true_n
 
-    # what the server received: ciphertext text, and as numbers only N_k and the vector length
-    allowed_numbers = {LENGTH, 1} | {n for _, n in data.values()}
+    # what the server received: ciphertext text, and as numbers only N_k, the vector length and the
+    # fewest contributions the site's policy accepts in a sum (2 by the permissive default here)
+    allowed_numbers = {LENGTH, 1, 2} | {n for _, n in data.values()}
     secret_numbers = {int(x) for c, _ in data.values() for x in c} | {int(x) for x in true_counts} | {true_n}
     assert len(received) == 8
     for result in received:

@@ -84,7 +84,8 @@ def he_round(server: EncryptedGlobalModel, ctx, reference, sites, reports, schem
         )
         for r in reports
     ]
-    update = RoundStep(scheme, server, num_rounds=num_rounds).run(t, results)
+    # the scheme's own weights, uncapped, as the plaintext path computes them
+    update = RoundStep(scheme, server, num_rounds=num_rounds, max_share=None).run(t, results)
     assert update.updated, update.reason
     new_global, _ = decode_global(ctx, server.task_params(), server.meta(), reference)
     return update, new_global, sent
@@ -286,7 +287,13 @@ def test_state_survives_save_and_load(contexts, tmp_path):
     _, g1, _ = he_round(server, secret, g0, sites, reports, get_scheme("fedavg"), 1, 2)
     server.save(tmp_path / "he.npz")
     with np.load(tmp_path / "he.npz") as npz:  # ciphertext and the integer buffer only
-        assert {f.split("/")[0] for f in npz.files} == {"clear", "enc", "layout_fingerprint", "check_value"}
+        assert {f.split("/")[0] for f in npz.files} == {
+            "clear",
+            "enc",
+            "layout_fingerprint",
+            "check_value",
+            "contributions",
+        }
     restored = EncryptedGlobalModel(public, g0)
     restored.load(tmp_path / "he.npz")
     again, _ = decode_global(secret, restored.task_params(), restored.meta(), g0)

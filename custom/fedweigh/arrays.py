@@ -14,6 +14,9 @@ import numpy as np
 
 Params = dict[str, np.ndarray]
 
+#: Kinds of number a parameter may be: floating-point, integer (signed or not) or boolean.
+_KIND = {"f": "float", "i": "integer", "u": "integer", "b": "bool"}
+
 
 def to_numpy(value: Any) -> np.ndarray:
     """``value`` as a numpy array (a torch tensor is detached and moved to the CPU first)."""
@@ -33,8 +36,9 @@ def check_same_layout(
     """``params`` as numpy arrays, in ``reference`` order, after checking that they fit the reference.
 
     Raises ValueError naming ``who`` and the first problem: a missing or unexpected key, a shape
-    that differs, a non-numeric array (strings, objects, complex numbers) where the reference is
-    numeric, or (with ``finite``) a NaN or infinite value in a floating-point array.
+    that differs, a non-numeric array (strings, objects, complex numbers), an array of another kind
+    of number than the reference (integers where it holds floating-point values, or the reverse;
+    the precision may differ), or (with ``finite``) a NaN or infinite value in a floating-point array.
     """
     missing = [k for k in reference if k not in params]
     unexpected = [k for k in params if k not in reference]
@@ -45,12 +49,20 @@ def check_same_layout(
         )
     out: Params = {}
     for key, ref in reference.items():
-        arr = to_numpy(params[key])
+        try:
+            arr = to_numpy(params[key])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{who}: parameter {key!r} is not an array ({e})") from None
         ref_shape = np.shape(ref)
         if arr.shape != ref_shape:
             raise ValueError(f"{who}: parameter {key!r} has shape {arr.shape}, expected {ref_shape}")
         if arr.dtype.kind not in "fiub":
             raise ValueError(f"{who}: parameter {key!r} has dtype {arr.dtype}, expected a real number type")
+        ref_kind = _KIND.get(np.asarray(ref).dtype.kind)
+        if ref_kind is not None and _KIND.get(arr.dtype.kind) != ref_kind:
+            raise ValueError(
+                f"{who}: parameter {key!r} has dtype {arr.dtype}, the global model holds {np.asarray(ref).dtype}"
+            )
         if finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise ValueError(f"{who}: parameter {key!r} holds non-finite values")
         out[key] = arr

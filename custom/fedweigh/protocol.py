@@ -21,6 +21,12 @@ META_NUM_SAMPLES = "num_samples"
 META_NUM_STEPS = "NUM_STEPS_CURRENT_ROUND"
 #: Meta key of a task that carries the HE layout (fedweigh.secure.updates); its presence means HE mode.
 META_HE = "fedweigh_he"
+#: Meta key of a site's answer when its site policy (fedweigh.policy) refuses a task: the reason.
+META_REFUSED = "fedweigh_refused"
+#: Meta key set (True) with META_REFUSED when the site refuses the whole job, not just this task.
+META_REFUSED_JOB = "fedweigh_refused_job"
+#: Meta key of a contribution to a secure sum: the fewest contributions the site's policy accepts.
+META_MIN_SECURE_SUM = "fedweigh_min_secure_sum"
 
 #: Files the controller writes into the server's run directory.
 METRICS_JSON = "fedweigh_metrics.json"
@@ -32,3 +38,7 @@ AUC_PLOT = "fedweigh_auc_by_round.png"
 #: Environment variable / workspace file that holds a site's local data settings in a deployment.
 SITE_CONFIG_ENV = "FEDWEIGH_SITE_CONFIG"
 SITE_CONFIG_FILE = "fedweigh_site.json"
+
+#: Environment variable / file in the site's ``local/`` folder that holds the site's privacy policy.
+SITE_POLICY_ENV = "FEDWEIGH_SITE_POLICY"
+SITE_POLICY_FILE = "fedweigh_policy.json"

@@ -27,7 +27,9 @@ class RoundRecorder:
     A row: ``round`` (the global model after that many rounds; 0 = initial model), the averaged
     client metrics of that model (``test_auc``, ``val_auc``, ...), and for training rounds the
     sites, their weights and the scheme's schedule values, the sites whose result was left out
-    (``excluded``: site -> reason) and whether the global model changed (``global_updated``).
+    (``excluded``: site -> reason), those whose update was scaled down to the norm bound
+    (``bounded``: site -> norms; only when there are any) and whether the global model changed
+    (``global_updated``).
     """
 
     def __init__(self, out_dir: str | Path | None, scheme: str, rows: list[dict] | None = None):
@@ -79,6 +81,8 @@ class RoundRecorder:
         if outcome.metrics:
             self.set_metrics(t - 1, outcome.metrics)
         self.set_excluded(t, outcome.excluded, updated=outcome.updated)
+        if outcome.bounded:
+            self._row(t)["bounded"] = dict(sorted(outcome.bounded.items()))
         if outcome.updated:
             self.set_round(t, outcome.weights, {**outcome.values, **values})
 
@@ -104,7 +108,9 @@ class RoundRecorder:
         atomic_write_text(
             self.out_dir / METRICS_JSON, json.dumps({"scheme": self.scheme, "rounds": self.rows}, indent=1)
         )
-        scalar_keys = sorted({k for r in self.rows for k in r if k not in ("round", "weights", "excluded")})
+        scalar_keys = sorted(
+            {k for r in self.rows for k in r if k not in ("round", "weights", "excluded", "bounded")}
+        )
         sites = sorted({s for r in self.rows for s in r.get("weights", {})})
         with open(self.out_dir / METRICS_CSV, "w", newline="") as f:
             writer = csv.writer(f)

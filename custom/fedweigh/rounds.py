@@ -5,20 +5,29 @@ Every path that runs rounds calls :class:`RoundStep`: the NVFlare controller
 (:class:`~fedweigh.flare.aggregator.FedweighAggregator`), the encrypted path (its backend is
 :class:`fedweigh.secure.updates.EncryptedGlobalModel`) and the in-process benchmark. Per round t:
 
-1. validate each site's :class:`ClientResult` (N_k, local steps, the scalars the scheme asked for,
-   the parameters or ciphertexts through the backend); an invalid one is left out with its reason;
-2. w = scheme.weights(reports, theta_g^{t-1}, t, T), capped at ``max_share`` of the total per site
-   (:func:`cap_weights`);
-3. theta_g^t = backend.aggregate(...) = theta_g^{t-1} + sum_k w_k Delta_k (plaintext or CKKS);
-4. a :class:`RoundOutcome` with the weights, the scheme's values, the excluded sites and the mean of
-   the sites' metrics, which :class:`fedweigh.records.RoundRecorder` turns into the run's rows.
+1. validate each site's :class:`ClientResult` (N_k, local steps, the scalars the scheme asked for
+   within the scheme's ranges, the parameters or ciphertexts through the backend, and that it is
+   not a replay of one of the site's earlier results); an invalid one is left out with its reason;
+2. bound each update's influence: an update whose norm exceeds ``update_norm_bound`` times the
+   median norm of the other sites' updates is scaled down to that bound (plaintext only: under HE
+   the server cannot see norms);
+3. w = scheme.weights(reports, theta_g^{t-1}, t, T), capped at ``max_share`` of the total per site
+   (:func:`cap_weights`; by default half the round's weight once three or more sites count);
+4. theta_g^t = backend.aggregate(...) = theta_g^{t-1} + sum_k w_k Delta_k (plaintext or CKKS; a
+   CKKS sum needs a quorum of contributions, :mod:`fedweigh.secure.quorum`);
+5. a :class:`RoundOutcome` with the weights, the scheme's values, the excluded and bounded sites
+   and the mean of the sites' metrics, which :class:`fedweigh.records.RoundRecorder` turns into the
+   run's rows.
 
-Fewer than ``min_clients`` valid results, or a scheme that cannot weight the round, leave the
-global model unchanged (the outcome says so and why).
+No single result can fail the round: every check excludes only the site that failed it, with the
+reason. Fewer than ``min_clients`` valid results, or a scheme that cannot weight the round, leave
+the global model unchanged (the outcome says so and why). docs/security.md lists the checks and the
+attacks they were measured against.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import random
@@ -29,11 +38,107 @@ from typing import Any
 
 import numpy as np
 
-from fedweigh.arrays import Params, to_numpy_dict
+from fedweigh.arrays import Params, to_numpy, to_numpy_dict
+from fedweigh.protocol import META_MIN_SECURE_SUM
+from fedweigh.secure.quorum import ABSOLUTE_MIN, parse_minimum, secure_sum_quorum
 from fedweigh.validation import InvalidClientResult, ResultLimits, check_meta, check_params, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme
+from fedweigh.weighting.geometry import delta_gram64, delta_norms
 
 logger = logging.getLogger("fedweigh.rounds")
+
+#: ``max_share="auto"`` (the default): no site may hold more than this share of a round's weight
+#: once at least :data:`AUTO_CAP_MIN_SITES` sites count (with two, any unequal weighting gives one
+#: of them the majority, and the cap would force equal weights).
+DEFAULT_MAX_SHARE = 0.5
+AUTO_CAP_MIN_SITES = 3
+#: Default ``update_norm_bound``: every array of an update may be at most this many times the median
+#: norm of the same array in the other sites' updates of the round (larger ones are scaled down).
+DEFAULT_UPDATE_NORM_BOUND = 3.0
+#: Default ``min_update_cosine``: an update whose cosine with more than half of the other sites'
+#: updates is below this points away from them and is left out (three or more updates, plaintext).
+DEFAULT_MIN_UPDATE_COSINE = 0.0
+#: A weight below this contributes nothing to an encrypted sum (fedweigh.secure.updates.ZERO_WEIGHT).
+ZERO_WEIGHT = 1e-12
+
+
+def resolve_max_share(max_share: float | str | None, num_sites: int) -> float | None:
+    """The cap :func:`cap_weights` applies in a round of ``num_sites``: ``"auto"`` is
+    :data:`DEFAULT_MAX_SHARE` from :data:`AUTO_CAP_MIN_SITES` sites on, else none; None is none."""
+    if max_share == "auto":
+        return DEFAULT_MAX_SHARE if num_sites >= AUTO_CAP_MIN_SITES else None
+    if max_share is None:
+        return None
+    return float(max_share)
+
+
+def check_max_share(max_share: object) -> float | str | None:
+    """``max_share`` as a job may set it: "auto", None (no cap) or a number in (0, 1]."""
+    if max_share == "auto" or max_share is None:
+        return max_share  # type: ignore[return-value]
+    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not 0.0 < max_share <= 1.0:
+        raise ValueError(f"max_share must be 'auto', None or a number in (0, 1], got {max_share!r}")
+    return float(max_share)
+
+
+def check_update_norm_bound(bound: object) -> float | None:
+    """``update_norm_bound`` as a job may set it: None (off) or a number >= 1."""
+    if bound is None:
+        return None
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not (1.0 <= bound < math.inf):
+        raise ValueError(f"update_norm_bound must be None (off) or a finite number >= 1, got {bound!r}")
+    return float(bound)
+
+
+def check_min_update_cosine(value: object) -> float | None:
+    """``min_update_cosine`` as a job may set it: None (off) or a number in [-1, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1.0 <= value <= 1.0:
+        raise ValueError(f"min_update_cosine must be None (off) or a number in [-1, 1], got {value!r}")
+    return float(value)
+
+
+def norm_scales(norms: np.ndarray, bound: float) -> np.ndarray:
+    """Per update (row) and array (column), the factor (<= 1) that brings the array's norm within
+    ``bound`` times the median norm of the same array in the OTHER updates of the round
+    (leave-one-out, so the site being judged never sets its own bound and one site cannot raise it;
+    one update alone is left as it is). A 1-D ``norms`` is one array per update."""
+    norms = np.asarray(norms, dtype=np.float64)
+    flat = norms.ndim == 1
+    n = norms[:, None] if flat else norms
+    scales = np.ones(n.shape)
+    for k in range(n.shape[0]):
+        others = np.delete(n, k, axis=0)
+        if others.shape[0] == 0:
+            continue
+        limit = bound * np.median(others, axis=0)
+        over = n[k] > limit
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scales[k, over] = np.where(limit[over] > 0, limit[over] / n[k, over], 0.0)
+    return scales[:, 0] if flat else scales
+
+
+def objecting_sites(gram: np.ndarray, threshold: float) -> np.ndarray:
+    """Per update k, how many of the OTHER updates j it points away from: cos(Delta_k, Delta_j) below
+    ``threshold`` (a zero update points nowhere and objects to nothing)."""
+    g = np.asarray(gram, dtype=np.float64)
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    denom = np.outer(norms, norms)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.where(denom > 0, g / np.where(denom > 0, denom, 1.0), 1.0)
+    np.fill_diagonal(cos, 1.0)
+    return (cos < threshold).sum(axis=1)
+
+
+def params_digest(params: Mapping[str, Any] | None) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of a result's arrays (to recognise a replay)."""
+    h = hashlib.sha256()
+    for key in sorted(params or {}):
+        arr = np.ascontiguousarray(to_numpy((params or {})[key]))
+        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
 
 
 def sample_sites(
@@ -150,6 +255,20 @@ class AggregationBackend(ABC):
         """Extra task meta the sites need to read :meth:`task_params` (default: none)."""
         return {}
 
+    def update_norms(self, contributions: Sequence[Any]) -> np.ndarray | None:
+        """||Delta_k,l|| of every contribution k (rows) and floating-point array l (columns), or None
+        when this backend cannot see them (HE)."""
+        return None
+
+    def update_gram(self, contributions: Sequence[Any]) -> np.ndarray | None:
+        """G_jk = <Delta_j, Delta_k> of the contributions, or None when this backend cannot see them."""
+        return None
+
+    def scale_update(self, contribution: Any, factors: np.ndarray) -> Any:
+        """The contribution with the update of its floating-point array l multiplied by
+        ``factors[l]`` (only called when :meth:`update_norms` returned norms)."""
+        raise NotImplementedError
+
 
 class PlaintextBackend(AggregationBackend):
     """theta_g in clear at the server; the scheme sees the clients' parameters and aggregates them.
@@ -172,6 +291,27 @@ class PlaintextBackend(AggregationBackend):
         if self._reference is None:
             self._reference = checked
         return checked
+
+    def update_norms(self, contributions: Sequence[Params]) -> np.ndarray | None:
+        if self.global_params is None:  # stock FedAvg's first round: no theta_g to measure from
+            return None
+        return delta_norms(self.global_params, contributions)
+
+    def update_gram(self, contributions: Sequence[Params]) -> np.ndarray | None:
+        if self.global_params is None:
+            return None
+        return delta_gram64(self.global_params, contributions)
+
+    def scale_update(self, contribution: Params, factors: np.ndarray) -> Params:
+        assert self.global_params is not None
+        out = dict(contribution)
+        keys = [k for k, g in self.global_params.items() if np.issubdtype(np.asarray(g).dtype, np.floating)]
+        for key, factor in zip(keys, np.asarray(factors, dtype=np.float64).reshape(-1), strict=True):
+            if factor < 1.0:
+                g64 = np.asarray(self.global_params[key], dtype=np.float64)
+                new = g64 + factor * (np.asarray(contribution[key], dtype=np.float64) - g64)
+                out[key] = new.astype(np.asarray(contribution[key]).dtype)
+        return out
 
     def _start(self, contributions: Sequence[Params]) -> Params:
         if self.global_params is None:
@@ -206,6 +346,8 @@ class RoundOutcome:
     round_index: int
     reports: list[ClientReport] = field(default_factory=list)
     excluded: dict[str, str] = field(default_factory=dict)
+    #: sites whose update was scaled down to the norm bound, with the norms
+    bounded: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
@@ -218,15 +360,25 @@ class RoundOutcome:
 
 
 class RoundStep:
-    """The server's side of one round: validate, weigh, cap, aggregate (module docstring).
+    """The server's side of one round: validate, bound, weigh, cap, aggregate (module docstring).
 
     Args:
         scheme: the weighting scheme (keeps its own cross-round state).
         backend: plaintext or CKKS aggregation, holding the global model.
         num_rounds: T, for schedules.
         min_clients: fewest valid results for the global model to change.
-        max_share: cap on any one site's share of the round's total weight (None: no cap).
+        max_share: cap on any one site's share of the round's total weight: ``"auto"`` (default:
+            :data:`DEFAULT_MAX_SHARE` once three or more sites count), a number in (0, 1], or None
+            (no cap).
         limits: plausibility bounds on counts and scalars.
+        update_norm_bound: scale an update down to this many times the median norm of the other
+            sites' updates of the round (default :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off).
+            Plaintext only.
+        min_update_cosine: leave out an update whose cosine with more than half of the other sites'
+            updates is below this (default :data:`DEFAULT_MIN_UPDATE_COSINE`: one that points away
+            from most of them); from three updates on, plaintext only. None: off.
+        min_secure_sum: under HE, the fewest updates an encrypted sum may hold (raised by the
+            minimum each contributing site announces; :func:`fedweigh.secure.quorum.secure_sum_quorum`).
         log: where warnings about left-out sites go (the controller passes NVFlare's logger).
     """
 
@@ -237,8 +389,11 @@ class RoundStep:
         *,
         num_rounds: int,
         min_clients: int = 1,
-        max_share: float | None = None,
+        max_share: float | str | None = "auto",
         limits: ResultLimits | None = None,
+        update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
+        min_secure_sum: int = ABSOLUTE_MIN,
         log: Callable[[str], None] | None = None,
     ):
         if backend.encrypted:
@@ -247,9 +402,15 @@ class RoundStep:
         self.backend = backend
         self.num_rounds = num_rounds
         self.min_clients = min_clients
-        self.max_share = max_share
+        self.max_share = check_max_share(max_share)
         self.limits = limits or ResultLimits()
+        self.update_norm_bound = check_update_norm_bound(update_norm_bound)
+        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
+        self.min_secure_sum = max(ABSOLUTE_MIN, int(min_secure_sum))
         self.log = log or logger.warning
+        #: per site, the digests of its accepted results and their rounds (replays are refused)
+        self.seen_digests: dict[str, dict[str, int]] = {}
+        self._quorum_required = self.min_secure_sum
 
     @property
     def scalars(self) -> tuple[str, ...]:
@@ -258,23 +419,32 @@ class RoundStep:
 
     def plan(self, scheme_name: str, scheme_args: Mapping[str, Any]) -> dict:
         """What the server sends sites with each training task: the scheme, the scalars it needs from
-        them, and the FedProx coefficient (0 unless the scheme is FedProx)."""
+        them, whether updates are encrypted, and the FedProx coefficient (0 unless the scheme is FedProx)."""
         return {
             "scheme": scheme_name,
             "scheme_args": dict(scheme_args),
             "scalars": list(self.scalars),
             "fedprox_mu": float(self.scheme.fedprox_mu),
+            "he": bool(self.backend.encrypted),
         }
 
-    def validate(self, result: ClientResult) -> tuple[ClientReport, Any]:
+    def validate(self, result: ClientResult, round_index: int = 0) -> tuple[ClientReport, Any]:
         """(report without parameters, checked contribution) of one result; InvalidClientResult otherwise."""
-        checked = check_meta(result.site, result.meta, self.scalars, self.limits)
+        ranges = {name: self.scheme.scalar_range(name) for name in self.scalars}
+        checked = check_meta(result.site, result.meta, self.scalars, self.limits, ranges)
         try:
             contribution = self.backend.check_params(result.site, result.params)
         except InvalidClientResult:
             raise
         except ValueError as e:
             raise InvalidClientResult(str(e)) from None
+        digest = params_digest(result.params)
+        earlier = self.seen_digests.get(result.site, {}).get(digest)
+        if earlier is not None:
+            raise InvalidClientResult(
+                f"{result.site}: its parameters are a replay of the result it sent in round {earlier}"
+            )
+        self.seen_digests.setdefault(result.site, {})[digest] = round_index
         report = ClientReport(
             name=result.site,
             num_samples=checked.num_samples,
@@ -283,17 +453,107 @@ class RoundStep:
         )
         return report, contribution
 
+    def _bound_norms(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
+        """Exclude updates whose norm is not finite; scale every array of the others to the bound."""
+        if self.update_norm_bound is None or not contributions:
+            return contributions
+        norms = self.backend.update_norms(contributions)
+        if norms is None:
+            return contributions
+        norms = np.asarray(norms, dtype=np.float64).reshape(len(contributions), -1)
+        keep = [i for i in range(len(contributions)) if np.isfinite(norms[i]).all()]
+        for i in range(len(contributions)):
+            if i not in keep:
+                site = outcome.reports[i].name
+                outcome.excluded[site] = (
+                    f"{site}: its update is too large to measure (norm overflows float64)"
+                )
+                self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[site]}")
+        outcome.reports = [outcome.reports[i] for i in keep]
+        contributions = [contributions[i] for i in keep]
+        norms = norms[keep]
+        scales = norm_scales(norms, self.update_norm_bound)
+        out = []
+        for report, contribution, row, factors in zip(
+            outcome.reports, contributions, norms, scales, strict=True
+        ):
+            if (factors < 1.0).any():
+                before = float(np.sqrt(np.sum(row**2)))
+                after = float(np.sqrt(np.sum((row * factors) ** 2)))
+                outcome.bounded[report.name] = (
+                    f"update norm {before:.4g} scaled down to {after:.4g} ({int((factors < 1).sum())} of "
+                    f"{factors.size} arrays above {self.update_norm_bound:g} x the median of the other sites')"
+                )
+                self.log(f"round {outcome.round_index}: {report.name}: {outcome.bounded[report.name]}")
+                contribution = self.backend.scale_update(contribution, factors)
+            out.append(contribution)
+        return out
+
+    def _check_directions(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
+        """Leave out the updates that point away from most of the other sites' updates
+        (``min_update_cosine``; from three updates on)."""
+        if self.min_update_cosine is None or len(contributions) < AUTO_CAP_MIN_SITES:
+            return contributions
+        gram = self.backend.update_gram(contributions)
+        if gram is None:
+            return contributions
+        gram = np.asarray(gram, dtype=np.float64)
+        measurable = np.isfinite(gram).all(axis=1)
+        objections = objecting_sites(np.where(np.isfinite(gram), gram, 0.0), self.min_update_cosine)
+        others = len(contributions) - 1
+        keep = []
+        for i, (report, count) in enumerate(zip(outcome.reports, objections, strict=True)):
+            if not measurable[i]:
+                outcome.excluded[report.name] = (
+                    f"{report.name}: its update is too large to measure (overflows float64)"
+                )
+                self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
+            elif 2 * count > others:
+                outcome.excluded[report.name] = (
+                    f"{report.name}: its update points away from {count} of the {others} other sites' updates "
+                    f"(cosine below min_update_cosine={self.min_update_cosine:g})"
+                )
+                self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
+            else:
+                keep.append(i)
+        outcome.reports = [outcome.reports[i] for i in keep]
+        return [contributions[i] for i in keep]
+
+    def _secure_quorum(
+        self, outcome: RoundOutcome, contributions: list[Any], minimums: dict[str, int]
+    ) -> list[Any]:
+        """Under HE: the contributions a secure sum may hold; sets ``outcome.reason`` when too few."""
+        quorum = secure_sum_quorum({r.name: minimums[r.name] for r in outcome.reports}, self.min_secure_sum)
+        for site, why in quorum.dropped.items():
+            outcome.excluded[site] = f"{site}: {why}"
+            self.log(f"round {outcome.round_index}: leaving {site} out of the encrypted sum: {why}")
+        keep = [i for i, r in enumerate(outcome.reports) if r.name in quorum.members]
+        outcome.reports = [outcome.reports[i] for i in keep]
+        self._quorum_required = quorum.required
+        if not quorum.ok:
+            outcome.reason = quorum.reason
+        return [contributions[i] for i in keep]
+
     def run(
         self, round_index: int, results: Sequence[ClientResult], targets: Sequence[str] = ()
     ) -> RoundOutcome:
-        """Validate, weigh, cap and aggregate one round's results (``targets``: the sites asked)."""
+        """Validate, bound, weigh, cap and aggregate one round's results (``targets``: the sites asked)."""
         t = round_index
         outcome = RoundOutcome(round_index=t)
         contributions: list[Any] = []
         valid_metrics = []
+        minimums: dict[str, int] = {}
         for result in results:
             try:
-                report, contribution = self.validate(result)
+                if any(r.name == result.site for r in outcome.reports):
+                    raise InvalidClientResult(f"{result.site}: sent more than one result this round")
+                if self.backend.encrypted:
+                    meta = result.meta if isinstance(result.meta, Mapping) else {}
+                    try:
+                        minimums[result.site] = parse_minimum(result.site, meta.get(META_MIN_SECURE_SUM))
+                    except ValueError as e:
+                        raise InvalidClientResult(str(e)) from None
+                report, contribution = self.validate(result, t)
             except InvalidClientResult as e:
                 self.log(f"round {t}: skipping result: {e}")
                 outcome.excluded[result.site] = str(e)
@@ -308,16 +568,29 @@ class RoundStep:
                 self.log(f"round {t}: {site} sent no valid result in time; left out of this round")
         if valid_metrics:
             outcome.metrics = mean_metrics(valid_metrics)
-        if len(outcome.reports) < self.min_clients:
+        contributions = self._bound_norms(outcome, contributions)
+        contributions = self._check_directions(outcome, contributions)
+        if self.backend.encrypted:
+            contributions = self._secure_quorum(outcome, contributions, minimums)
+        if not outcome.reason and len(outcome.reports) < self.min_clients:
             outcome.reason = (
                 f"{len(outcome.reports)} valid result(s), fewer than min_clients={self.min_clients}"
             )
+        if outcome.reason:
             self.log(f"round {t}: {outcome.reason}; the global model is left unchanged")
             return outcome
         try:
             w = self.backend.weigh(self.scheme, outcome.reports, contributions, t, self.num_rounds)
-            if self.max_share is not None:
-                w = cap_weights(w, self.max_share)
+            cap = resolve_max_share(self.max_share, len(outcome.reports))
+            if cap is not None:
+                w = cap_weights(w, cap)
+            if self.backend.encrypted:
+                active = int(np.sum(np.abs(w) >= ZERO_WEIGHT))
+                if active < self._quorum_required:
+                    raise ValueError(
+                        f"only {active} update(s) carry weight, fewer than the {self._quorum_required} an "
+                        "encrypted sum needs"
+                    )
             values = scheme_values(self.scheme)
             outcome.params = self.backend.aggregate(self.scheme, outcome.reports, contributions, w)
         except ValueError as e:
@@ -330,13 +603,22 @@ class RoundStep:
 
 
 __all__ = [
+    "AUTO_CAP_MIN_SITES",
+    "DEFAULT_MAX_SHARE",
+    "DEFAULT_UPDATE_NORM_BOUND",
     "AggregationBackend",
     "ClientResult",
     "PlaintextBackend",
     "RoundOutcome",
     "RoundStep",
     "cap_weights",
+    "check_max_share",
+    "check_update_norm_bound",
     "mean_metrics",
+    "norm_scales",
+    "objecting_sites",
+    "params_digest",
+    "resolve_max_share",
     "sample_sites",
     "scheme_values",
 ]

@@ -90,6 +90,12 @@ class ClientArgs:
         if dp_on and self.norm == "batch" and self.arch != "vit":  # the ViT always uses LayerNorm
             logger.info("DP-SGD is on: using norm='group' instead of 'batch' (Opacus-compatible)")
             self.norm = "group"
+        histogram_loss = not (self.loss in ("default", "bce", "ce") and not self.loss_options)
+        if dp_on and histogram_loss and self.stats_dp_epsilon is None:
+            raise ValueError(
+                f"loss {self.loss!r} is built from the site's label histogram; under DP-SGD it may only use the "
+                "privatised histogram: set stats_dp_epsilon as well (e.g. 1.0)"
+            )
 
     def to_argv(self) -> str:
         """The command line that reproduces these arguments (for ``ScriptRunner``)."""
@@ -183,7 +189,10 @@ class SiteTrainer:
         threads: torch intra-op threads for this site (None = leave torch's setting).
         job_id: the NVFlare job this trainer serves; names the per-job files of the site (DP-SGD
             account, released label statistics). The default, ``"local"`` (in-process runs), keeps
-            them in memory only.
+            them in memory only. The NVFlare client sets it to the privacy budget id the server
+            announces (the first job's id, kept across ``resume_from``).
+        privacy_guard: the site policy's epsilon caps (:class:`fedweigh.policy.PrivacyGuard`), given
+            to DP-SGD and the statistics release; None: no caps beyond the job's own.
     """
 
     def __init__(
@@ -193,6 +202,7 @@ class SiteTrainer:
         args: ClientArgs,
         threads: int | None = None,
         job_id: str = LOCAL_JOB_ID,
+        privacy_guard=None,
     ):
         self.site_name = site.name
         self.site = site
@@ -210,8 +220,11 @@ class SiteTrainer:
         self.class_counts = train.label_histogram()
         #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
         self.global_stats: dict | None = None
+        self.privacy_guard = privacy_guard
         #: The once-per-job release of this site's label histogram (noised when statistics DP is on).
-        self.releaser = HistogramReleaser(StatsDPConfig.from_args(args), self.site_name, job_id)
+        self.releaser = HistogramReleaser(
+            StatsDPConfig.from_args(args), self.site_name, job_id, guard=privacy_guard
+        )
         #: DP-SGD across the rounds of the job (built on the first DP round), and what the last round spent.
         self.dp_sgd: DPSGD | None = None
         self.dp_report: DPRoundReport | None = None
@@ -232,7 +245,9 @@ class SiteTrainer:
     @job_id.setter
     def job_id(self, value: str) -> None:
         if str(value) != self.releaser.job_id:  # another job: its own release, drawn afresh
-            self.releaser = HistogramReleaser(self.releaser.config, self.site_name, str(value))
+            self.releaser = HistogramReleaser(
+                self.releaser.config, self.site_name, str(value), guard=self.privacy_guard
+            )
 
     def released_statistics(self) -> ReleasedHistogram:
         """What this site may reveal of its label histogram: exact, or this job's one noised release.
@@ -248,11 +263,22 @@ class SiteTrainer:
         if self.args.loss in ("default", "bce", "ce") and not self.args.loss_options:
             return None  # the training module's default (BCE / CE)
         gs = self.global_stats or {}
+        counts, n = self.class_counts, len(self.site.train)
+        if DPConfig.from_args(self.args) is not None:
+            # DP-SGD's guarantee holds for a loss fixed before training: one built from the exact
+            # histogram would let every sample's label reach the update outside the clipping
+            release = self.released_statistics()
+            if release.epsilon is None:
+                raise ValueError(
+                    f"{self.site_name}: the loss {self.args.loss!r} is built from the label histogram, and under "
+                    "DP-SGD it may only use the privatised one: set stats_dp_epsilon (statistics DP) as well"
+                )
+            counts, n = np.asarray(release.class_counts), release.num_samples
         ctx = LossContext(
             task=self.site.train.task,
             num_classes=self.site.train.num_classes,
-            class_counts=self.class_counts,
-            num_samples=len(self.site.train),
+            class_counts=counts,
+            num_samples=n,
             global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
             global_num_samples=gs.get("num_samples"),
             client_level_parameter=gs.get("client_level_parameter"),
@@ -300,7 +326,7 @@ class SiteTrainer:
             )
         if self.dp_sgd is None or self.dp_sgd.config != dp_config:
             path = None if self.job_id == LOCAL_JOB_ID else dp_state_path(self.job_id, self.site_name)
-            self.dp_sgd = DPSGD(dp_config, path, site_name=self.site_name)
+            self.dp_sgd = DPSGD(dp_config, path, site_name=self.site_name, guard=self.privacy_guard)
         result, self.dp_report = self.dp_sgd.train_round(
             self.model, self.site.train, cfg, self.make_loss(), global_params, total_rounds=total_rounds
         )
@@ -308,6 +334,9 @@ class SiteTrainer:
 
     def scheme_scalars(self, plan: dict, params: dict, global_params: dict) -> dict[str, float]:
         """The scalars the server's scheme asked for, computed here by the scheme's own code."""
+        wanted = set(plan.get("scalars") or ())  # only what the plan asks for, never more
+        if not wanted:
+            return {}
         scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
         gs = self.global_stats or {}
         release = self.released_statistics()  # the noised release when statistics DP is on
@@ -319,7 +348,6 @@ class SiteTrainer:
             params=params,
             global_params=global_params,
         )
-        wanted = set(plan.get("scalars") or scalars)
         return {k: float(v) for k, v in scalars.items() if k in wanted}
 
     def run_round(
@@ -358,7 +386,8 @@ class SiteTrainer:
             num_samples=len(self.site.train),  # N_k: the site's training-set size, as FedAvg weighs it
             metrics={
                 **metrics,
-                "train_loss": result.mean_loss,
+                # the training loss is computed from the private training data: under DP-SGD it stays here
+                **({"train_loss": result.mean_loss} if self.dp_report is None else {}),
                 **(self.dp_report.metrics() if self.dp_report is not None else {}),
             },
             scalars=scalars,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedweigh.arrays import check_same_layout
-from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_REFUSED, META_SCALARS
 
 
 class InvalidClientResult(ValueError):
@@ -46,7 +46,7 @@ def check_count(site: str, field: str, value: object, upper: int) -> int:
         raise InvalidClientResult(f"{site}: {field} must be an integer, got {value!r}")
     try:
         as_float = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidClientResult(f"{site}: {field} must be an integer, got {value!r}") from None
     if not math.isfinite(as_float) or as_float != int(as_float):
         raise InvalidClientResult(f"{site}: {field} must be an integer, got {value!r}")
@@ -71,9 +71,18 @@ def check_params(
 
 
 def check_scalars(
-    site: str, scalars: object, required: tuple[str, ...], limits: ResultLimits
+    site: str,
+    scalars: object,
+    required: tuple[str, ...],
+    limits: ResultLimits,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, float]:
-    """The scalars a scheme needs, present, finite and within range."""
+    """The scalars the scheme asked for: present, finite, within ``limits`` and within ``ranges``
+    (name -> (lowest, highest), inclusive; the scheme's :meth:`~fedweigh.weighting.base.WeightingScheme.scalar_range`).
+
+    Scalars nobody asked for are dropped unread: the scheme never sees them (a site cannot, for
+    instance, replace a similarity the server computes itself).
+    """
     if scalars is None:
         scalars = {}
     if not isinstance(scalars, Mapping):
@@ -81,13 +90,23 @@ def check_scalars(
             f"{site}: meta[{META_SCALARS!r}] must be a mapping, got {type(scalars).__name__}"
         )
     out: dict[str, float] = {}
-    for name, value in scalars.items():
+    for name in required:
+        if name not in scalars:
+            continue
+        value = scalars[name]
+        if isinstance(value, bool):
+            raise InvalidClientResult(f"{site}: scalar {name!r} is not a number: {value!r}")
         try:
             v = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise InvalidClientResult(f"{site}: scalar {name!r} is not a number: {value!r}") from None
         if not math.isfinite(v) or abs(v) > limits.max_abs_scalar:
             raise InvalidClientResult(f"{site}: scalar {name!r}={value!r} is not finite or out of range")
+        low, high = (ranges or {}).get(name, (-math.inf, math.inf))
+        if not low <= v <= high:
+            raise InvalidClientResult(
+                f"{site}: scalar {name!r}={v!r} lies outside its valid range [{low:g}, {high:g}]"
+            )
         out[str(name)] = v
     missing = [name for name in required if name not in out]
     if missing:
@@ -96,17 +115,23 @@ def check_scalars(
 
 
 def check_meta(
-    site: str, meta: object, required_scalars: tuple[str, ...], limits: ResultLimits
+    site: str,
+    meta: object,
+    required_scalars: tuple[str, ...],
+    limits: ResultLimits,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
 ) -> CheckedMeta:
     """Validated N_k, local steps and scalars of one training result's meta."""
     meta = meta or {}
     if not isinstance(meta, Mapping):
         raise InvalidClientResult(f"{site}: meta must be a mapping")
+    if meta.get(META_REFUSED):
+        raise InvalidClientResult(f"{site} refused under its site policy: {meta.get(META_REFUSED)}")
     if META_NUM_SAMPLES not in meta:
         raise InvalidClientResult(f"{site}: meta lacks {META_NUM_SAMPLES!r}")
     num_samples = check_count(site, META_NUM_SAMPLES, meta[META_NUM_SAMPLES], limits.max_num_samples)
     num_steps = check_count(site, META_NUM_STEPS, meta.get(META_NUM_STEPS, 1), limits.max_num_steps)
-    scalars = check_scalars(site, meta.get(META_SCALARS), required_scalars, limits)
+    scalars = check_scalars(site, meta.get(META_SCALARS), required_scalars, limits, ranges)
     return CheckedMeta(num_samples=num_samples, num_steps=num_steps, scalars=scalars)
 
 
@@ -120,7 +145,7 @@ def finite_metrics(metrics: object) -> dict[str, float]:
             continue
         try:
             number = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
         if math.isfinite(number):
             out[str(key)] = number

@@ -348,7 +348,9 @@ def _run_federated(
 
 def _plain_rows(rows: list[dict]) -> list[dict]:
     """Rows as the benchmark stores them: without the controller's per-round bookkeeping keys."""
-    return [{k: v for k, v in row.items() if k not in ("excluded", "global_updated")} for row in rows]
+    return [
+        {k: v for k, v in row.items() if k not in ("excluded", "global_updated", "bounded")} for row in rows
+    ]
 
 
 def _run_centralized(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[list[dict], np.ndarray]:

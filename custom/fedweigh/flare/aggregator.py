@@ -26,7 +26,16 @@ from nvflare.app_common.app_constant import AppConstants
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.protocol import META_NUM_SAMPLES
-from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.rounds import (
+    DEFAULT_MIN_UPDATE_COSINE,
+    DEFAULT_UPDATE_NORM_BOUND,
+    ClientResult,
+    PlaintextBackend,
+    RoundStep,
+    check_max_share,
+    check_min_update_cosine,
+    check_update_norm_bound,
+)
 from fedweigh.weighting import get_scheme
 from fedweigh.weighting.base import WeightingScheme
 
@@ -54,7 +63,12 @@ class FedweighAggregator(ModelAggregator):
         scheme_args: options of the scheme.
         num_rounds: total rounds (schedules such as FedDRAW's need it).
         min_clients: minimum valid results to update the model.
-        max_share: cap on any one site's share of a round's weight (None: no cap), as in the controller.
+        max_share: cap on any one site's share of a round's weight ("auto", a number in (0, 1], or
+            None: no cap), as in the controller.
+        update_norm_bound: bound on each update's norm relative to the others' (None: off), as in the
+            controller.
+        min_update_cosine: leave out an update pointing away from most others' (None: off), as in
+            the controller.
     """
 
     def __init__(
@@ -63,16 +77,20 @@ class FedweighAggregator(ModelAggregator):
         scheme_args: dict | None = None,
         num_rounds: int = 1,
         min_clients: int = 1,
-        max_share: float | None = None,
+        max_share: float | str | None = "auto",
+        update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         super().__init__()
         self.scheme = scheme
         self.scheme_args = dict(scheme_args or {})
         self.num_rounds = num_rounds
         self.min_clients = min_clients
-        if max_share is not None and not 0.0 < max_share <= 1.0:
-            raise ValueError(f"max_share must be in (0, 1], got {max_share}")
-        self.max_share = max_share
+        self.max_share = check_max_share(max_share)
+        self.update_norm_bound = check_update_norm_bound(update_norm_bound)
+        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
+        #: digests of every site's accepted results (a replayed result is refused in any later round)
+        self._seen_digests: dict[str, dict[str, int]] = {}
         self._scheme = get_scheme(scheme, **self.scheme_args)
         check_stock_compatible(self._scheme)
         self._results: list[FLModel] = []
@@ -112,8 +130,11 @@ class FedweighAggregator(ModelAggregator):
             num_rounds=self.num_rounds,
             min_clients=self.min_clients,
             max_share=self.max_share,
+            update_norm_bound=self.update_norm_bound,
+            min_update_cosine=self.min_update_cosine,
             log=self.warning,
         )
+        step.seen_digests = self._seen_digests
         outcome = step.run(round_index, [self._client_result(r) for r in results])
         if not outcome.updated:
             return FLModel(params_type=ParamsType.FULL, params=global_params or {})

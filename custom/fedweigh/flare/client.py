@@ -13,6 +13,12 @@ When a task's meta carries the HE layout (``fedweigh_he``, :mod:`fedweigh.secure
 site decrypts the global model it receives (round 1: plaintext) with its client context, keeps the
 decrypted model in ``fedweigh_he_global_<job id>.npz`` in its working folder (after the final
 ``validate`` task: theta_g^T), and sends Enc(theta_k - theta_g) instead of its parameters.
+
+The site's privacy policy (:mod:`fedweigh.policy`, ``local/fedweigh_policy.json``) judges the job
+before any task is answered: its DP settings at start, the statistics mode, encryption and the
+scalars of each task. A job asking for less is refused: the site logs the reason and answers every
+task with it (``fedweigh_refused``) instead of any data. DP budgets are keyed by the budget id the
+server announces in the plan, and the site's epsilon ledger caps what all budgets spend together.
 """
 
 from __future__ import annotations
@@ -29,13 +35,24 @@ from nvflare.client.tracking import SummaryWriter
 from fedweigh.arrays import Params
 from fedweigh.data.site_config import resolve_site_data
 from fedweigh.flare.keys import load_role_context
-from fedweigh.flare.statistics import answer_statistics_task, load_cached_global_stats
+from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task, load_cached_global_stats
 from fedweigh.io import atomic_write_npz
+from fedweigh.policy import (
+    PolicyRefusal,
+    PrivacyGuard,
+    PrivacyLedger,
+    SitePolicy,
+    ledger_path,
+    load_site_policy,
+)
 from fedweigh.protocol import (
     META_HE,
+    META_MIN_SECURE_SUM,
     META_NUM_SAMPLES,
     META_NUM_STEPS,
     META_PLAN,
+    META_REFUSED,
+    META_REFUSED_JOB,
     META_SCALARS,
     TASK_STATS,
     TASK_TRAIN,
@@ -51,13 +68,44 @@ __all__ = ["ClientArgs", "main"]
 HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
 
 
-def _he_decode(received: dict, he_meta: dict, reference: Params):
+def _he_decode(received: dict, he_meta: dict, reference: Params, min_contributions: int):
     """(decrypted global model, HE layout, client context) of a task under HE."""
     from fedweigh.secure.updates import decode_global  # TenSEAL: loaded only under HE
 
     ctx, _ = load_role_context("client")
-    params, layout = decode_global(ctx, received, he_meta, reference)
+    params, layout = decode_global(ctx, received, he_meta, reference, min_contributions)
     return params, layout, ctx
+
+
+def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
+    """A site's answer that carries no data, only its policy's reason for refusing."""
+    # the Client API refuses a result without params or metrics
+    return FLModel(
+        metrics={"fedweigh_refused": 1.0}, meta={META_REFUSED: reason, META_REFUSED_JOB: whole_job}
+    )
+
+
+def follow_budget(trainer: SiteTrainer, guard: PrivacyGuard, plan: dict, job_id: str) -> str:
+    """Key the site's DP accounts by the budget id the plan announces (the first job's id, kept by the
+    server across ``resume_from``; this job's id when the plan names none): the DP-SGD accountant and
+    the statistics release of a resumed run continue where the earlier job left them."""
+    budget_id = str(plan.get("budget_id") or job_id)
+    if budget_id != trainer.job_id:
+        guard.budget_id = budget_id
+        trainer.job_id = budget_id
+        trainer.global_stats = trainer.global_stats or load_cached_global_stats(budget_id)
+    return budget_id
+
+
+def task_refusal(policy: SitePolicy, task: str, meta: dict, plan: dict, he_meta) -> str | None:
+    """Why the site's policy refuses this task (None: it may be answered)."""
+    if task == TASK_STATS and meta.get(META_STEP) == "collect":
+        return policy.statistics_refusal(meta.get(META_MODE, "plain")) or (
+            policy.task_refusal(plan, encrypted=bool(plan.get("he"))) if plan else None
+        )
+    if task == TASK_TRAIN:
+        return policy.task_refusal(plan, encrypted=bool(he_meta))
+    return None
 
 
 def _he_encode(ctx, params: Params, global_params: Params, layout) -> dict:
@@ -78,25 +126,49 @@ def main(argv: list[str] | None = None) -> None:
     site, test, num_sites = resolve_site_data(site_name, args)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, num_sites))
     job_id = str(flare.get_job_id())
-    trainer = SiteTrainer(site, test, args, threads=threads, job_id=job_id)
+    policy = load_site_policy()
+    guard = PrivacyGuard(policy, PrivacyLedger(ledger_path(site_name)), site_name, budget_id=job_id)
+    trainer = SiteTrainer(site, test, args, threads=threads, job_id=job_id, privacy_guard=guard)
     trainer.global_stats = load_cached_global_stats(job_id)
     writer = SummaryWriter()
+    logger.info("%s: site policy from %s: %s", site_name, policy.source, policy.as_dict())
+    refused = policy.job_refusal(args)  # once refused, every task of the job is
 
     while flare.is_running():
         input_model = flare.receive()
         if input_model is None:
             break
         task = flare.get_task_name()
-        plan = (input_model.meta or {}).get(META_PLAN, {}) or {}
+        meta = input_model.meta or {}
+        plan = meta.get(META_PLAN, {}) or {}
+        follow_budget(trainer, guard, plan, job_id)
         round_index = int(input_model.current_round or 0)
-        he_meta = (input_model.meta or {}).get(META_HE) if task != TASK_STATS else None
-        if he_meta:
-            decrypted, he_layout, he_ctx = _he_decode(input_model.params, he_meta, get_params(trainer.model))
-            atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=job_id)), **decrypted)
-            input_model.params = decrypted
+        he_meta = meta.get(META_HE) if task != TASK_STATS else None
+        refused = refused or task_refusal(policy, task, meta, plan, he_meta)
+        if refused:
+            logger.error("%s refuses this job: %s", site_name, refused)
+            flare.send(refusal_model(refused))
+            continue
+        try:
+            if he_meta:
+                decrypted, he_layout, he_ctx = _he_decode(
+                    input_model.params, he_meta, get_params(trainer.model), policy.min_secure_sum
+                )
+                atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=job_id)), **decrypted)
+                input_model.params = decrypted
+        except ValueError as e:  # e.g. a sum of fewer updates than this site's policy decrypts
+            logger.error("%s: %s", site_name, e)
+            flare.send(refusal_model(str(e), whole_job=False))
+            continue
 
         if task == TASK_STATS:
-            flare.send(answer_statistics_task(trainer, input_model))
+            try:
+                answer = answer_statistics_task(trainer, input_model, policy)
+            except PolicyRefusal as e:  # the statistics release would break an epsilon cap
+                refused = str(e)
+                logger.error("%s refuses this job: %s", site_name, refused)
+                answer = refusal_model(refused)
+            flare.send(answer)
             continue
 
         if task != TASK_TRAIN:
@@ -108,7 +180,15 @@ def main(argv: list[str] | None = None) -> None:
             flare.send(FLModel(metrics=metrics, meta={META_NUM_SAMPLES: len(trainer.site.val)}))
             continue
 
-        out = trainer.run_round(input_model.params, round_index, plan, total_rounds=input_model.total_rounds)
+        try:
+            out = trainer.run_round(
+                input_model.params, round_index, plan, total_rounds=input_model.total_rounds
+            )
+        except PolicyRefusal as e:  # the round would break an epsilon cap of the site's policy
+            refused = str(e)
+            logger.error("%s refuses this job: %s", site_name, refused)
+            flare.send(refusal_model(refused))
+            continue
         if he_meta:
             params = _he_encode(he_ctx, out.params, input_model.params, he_layout)
         else:
@@ -120,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             site_name,
             round_index,
             out.num_steps,
-            out.metrics["train_loss"],
+            out.metrics.get("train_loss", float("nan")),  # not reported under DP-SGD
             out.metrics.get("val_auc", float("nan")),
         )
         flare.send(
@@ -132,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                     META_NUM_STEPS: out.num_steps,
                     META_NUM_SAMPLES: out.num_samples,
                     META_SCALARS: out.scalars,
+                    META_MIN_SECURE_SUM: int(policy.min_secure_sum),
                 },
             )
         )

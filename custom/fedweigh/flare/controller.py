@@ -38,18 +38,38 @@ from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.statistics import run_statistics_phase
 from fedweigh.io import atomic_write_npz, atomic_write_text
-from fedweigh.protocol import META_NUM_SAMPLES, META_PLAN, STATE_JSON, TASK_TRAIN, TASK_VALIDATE
+from fedweigh.protocol import (
+    META_NUM_SAMPLES,
+    META_PLAN,
+    META_REFUSED,
+    META_REFUSED_JOB,
+    STATE_JSON,
+    TASK_TRAIN,
+    TASK_VALIDATE,
+)
 from fedweigh.records import RoundRecorder
 from fedweigh.rounds import (
+    DEFAULT_MIN_UPDATE_COSINE,
+    DEFAULT_UPDATE_NORM_BOUND,
     AggregationBackend,
     ClientResult,
     PlaintextBackend,
     RoundStep,
+    check_max_share,
+    check_min_update_cosine,
+    check_update_norm_bound,
     mean_metrics,
     sample_sites,
 )
+from fedweigh.secure.quorum import server_floor
 from fedweigh.validation import ResultLimits
 from fedweigh.weighting import get_scheme
+
+#: Default ``train_timeout`` (seconds): a site silent for longer is left out of that task, so no
+#: single site can stall the job. Set it above the slowest round, site start-up included.
+DEFAULT_TRAIN_TIMEOUT = 3600
+#: Default ``min_secure_sum``: the fewest contributions to any secure sum (label statistics, HE updates).
+DEFAULT_MIN_SECURE_SUM = 3
 
 GLOBAL_NPZ = "fedweigh_global.npz"
 HE_GLOBAL_NPZ = "fedweigh_he_global.npz"
@@ -72,7 +92,7 @@ def _server_memory_mb() -> dict[str, float]:
 
 def client_result(model: FLModel) -> ClientResult:
     """An NVFlare result as the round step's plain :class:`~fedweigh.rounds.ClientResult`."""
-    meta = model.meta or {}
+    meta = model.meta if isinstance(model.meta, dict) else {}
     return ClientResult(
         site=str(meta.get("client_name", "?")), params=model.params, meta=meta, metrics=model.metrics
     )
@@ -91,8 +111,9 @@ class FedweighController(ModelController):
         loss_needs_global_stats: run the statistics phase even if the scheme does not need it
             (losses such as PNB or DAFL use the global histogram).
         train_timeout: seconds to wait for a task's results (training, statistics, final
-            validation); a site that has not answered by then is left out of that task. 0: wait for
-            every site.
+            validation); a site that has not answered by then is left out of that task (default
+            :data:`DEFAULT_TRAIN_TIMEOUT`). 0: wait for every site, however long (one silent site then
+            stalls the job).
         evaluate_final: send a ``validate`` task with the final global model.
         seed: seed of the site sampling.
         resume_from: folder holding ``fedweigh_state.json`` of an earlier run to continue.
@@ -105,7 +126,17 @@ class FedweighController(ModelController):
             None: encrypt every floating-point array.
         max_share: cap on any one site's share of a round's total weight (water-filling,
             :func:`fedweigh.rounds.cap_weights`); bounds a site that inflates its sample count or
-            statistics. None: no cap.
+            forges its statistics. ``"auto"`` (default): half the weight once three or more sites
+            count. None: no cap.
+        update_norm_bound: scale every array of an update down to this many times the median norm of
+            the same array in the other sites' updates of the round (plaintext updates; default 3);
+            None: off.
+        min_update_cosine: leave out an update whose cosine with more than half of the other sites'
+            updates is below this (plaintext updates, three or more sites; default 0: an update
+            pointing away from most of the others); None: off.
+        min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
+            encrypted model aggregate) before anything is decrypted; at most the number of sites,
+            never below 2; each site's policy may ask for more (default 3).
         stop_after: end this run after that round (its state is saved; continue it with
             ``resume_from``).
         memory_gc_rounds: every that many rounds, free the round's client results and return the
@@ -122,7 +153,7 @@ class FedweighController(ModelController):
         sample_fraction: float = 1.0,
         statistics: str = "none",
         loss_needs_global_stats: bool = False,
-        train_timeout: int = 0,
+        train_timeout: int = DEFAULT_TRAIN_TIMEOUT,
         evaluate_final: bool = True,
         seed: int = 0,
         resume_from: str | None = None,
@@ -130,9 +161,12 @@ class FedweighController(ModelController):
         persistor_id: str = "persistor",
         he: bool = False,
         he_layers: list[str] | None = None,
-        max_share: float | None = None,
+        max_share: float | str | None = "auto",
         stop_after: int | None = None,
         memory_gc_rounds: int = 1,
+        update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+        min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (see run())
@@ -156,9 +190,18 @@ class FedweighController(ModelController):
         self.seed = seed
         self.resume_from = resume_from
         self.max_num_samples = max_num_samples
-        if max_share is not None and not 0.0 < max_share <= 1.0:
-            raise ValueError(f"max_share must be in (0, 1], got {max_share}")
-        self.max_share = max_share
+        self.max_share = check_max_share(max_share)
+        self.update_norm_bound = check_update_norm_bound(update_norm_bound)
+        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
+        if isinstance(min_secure_sum, bool) or not isinstance(min_secure_sum, int) or min_secure_sum < 2:
+            raise ValueError(f"min_secure_sum must be an integer >= 2, got {min_secure_sum!r}")
+        self.min_secure_sum = min_secure_sum
+        if (
+            isinstance(train_timeout, bool)
+            or not isinstance(train_timeout, (int, float))
+            or train_timeout < 0
+        ):
+            raise ValueError(f"train_timeout must be a number of seconds >= 0, got {train_timeout!r}")
         if stop_after is not None and not 1 <= stop_after <= num_rounds:
             raise ValueError(f"stop_after must be in 1..num_rounds={num_rounds}, got {stop_after}")
         self.stop_after = stop_after
@@ -201,6 +244,34 @@ class FedweighController(ModelController):
             wait_time_after_min_received=self.train_timeout,
         )
 
+    def _note_refusals(self, metas) -> None:
+        """Log every site that refuses a task under its site policy (``metas``: the results' meta);
+        remember whole-job refusals."""
+        for meta in metas:
+            if not isinstance(meta, dict) or not meta.get(META_REFUSED):
+                continue
+            site = str(meta.get("client_name", "?"))
+            reason = str(meta.get(META_REFUSED))
+            if meta.get(META_REFUSED_JOB):
+                if site not in self._refused:
+                    self.error(f"{site} refuses this job under its site policy: {reason}")
+                self._refused[site] = reason
+            else:
+                self.warning(f"{site} refuses this task under its site policy: {reason}")
+
+    def _enough_sites(self, all_sites: list[str]) -> bool:
+        """False (after ending the run with a fatal error naming the refusals) when the sites that
+        refused the job leave fewer than ``min_clients``."""
+        willing = [s for s in all_sites if s not in self._refused]
+        if len(willing) >= self.min_clients:
+            return True
+        reasons = "; ".join(f"{s}: {why}" for s, why in sorted(self._refused.items()))
+        self.panic(
+            f"only {len(willing)} site(s) take part, fewer than min_clients={self.min_clients}: refused by "
+            f"site policy: {reasons}"
+        )
+        return False
+
     def _out_dir(self) -> Path:
         return Path(self.get_app_dir())
 
@@ -212,6 +283,7 @@ class FedweighController(ModelController):
         state = {
             "round": round_index,
             "num_rounds": self.num_rounds,
+            "budget_id": self._budget_id,
             "scheme": self.scheme,
             "scheme_args": self.scheme_args,
             "scheme_state": self._scheme.state_dict(),
@@ -240,6 +312,10 @@ class FedweighController(ModelController):
             with np.load(Path(folder) / GLOBAL_NPZ) as npz:
                 params = {k: npz[k] for k in npz.files}
         self._scheme.load_state_dict(state.get("scheme_state") or {})
+        if state.get("budget_id"):
+            self._budget_id = str(state["budget_id"])
+        else:
+            self.warning(f"resume_from={folder}: the state names no privacy budget; DP budgets start anew")
         return int(state["round"]), params, list(state.get("rows", []))
 
     def _backend(self, initial: Params) -> AggregationBackend:
@@ -276,6 +352,8 @@ class FedweighController(ModelController):
         out_dir = self._out_dir()
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, self.num_rounds, private=True, sticky=False)
         start_round, rows = 1, []
+        self._budget_id = str(self.fl_ctx.get_job_id() or "job")
+        self._refused: dict[str, str] = {}
         model = self.load_model()
         if self.resume_from:
             last, params, rows = self._load_state(self.resume_from)
@@ -291,15 +369,25 @@ class FedweighController(ModelController):
             min_clients=self.min_clients,
             max_share=self.max_share,
             limits=ResultLimits(max_num_samples=self.max_num_samples),
+            update_norm_bound=self.update_norm_bound,
+            min_update_cosine=self.min_update_cosine,
             log=self.warning,
         )
         recorder = RoundRecorder(out_dir, self.scheme, rows)
         all_sites = [c.name for c in self.engine.get_clients()]
+        floor = server_floor(self.min_secure_sum, len(all_sites))
+        step.min_secure_sum = floor
+        plan = {**step.plan(self.scheme, self.scheme_args), "budget_id": self._budget_id}
+        self.info(f"privacy budget id {self._budget_id!r}; secure sums need at least {floor} contributions")
 
         if self.statistics != "none" and (
             self._scheme.needs_global_histogram or self.loss_needs_global_stats
         ):
-            run_statistics_phase(self, sorted(all_sites), self.statistics)
+            collected = run_statistics_phase(self, sorted(all_sites), self.statistics, floor, plan)
+            self._note_refusals({"client_name": s, **m} for s, m in collected.items() if isinstance(m, dict))
+            if not self._enough_sites(all_sites):
+                recorder.close()
+                return
 
         stopped = False
         for t in range(start_round, self.num_rounds + 1):
@@ -315,18 +403,23 @@ class FedweighController(ModelController):
                 break
             t0 = time.perf_counter()
             self._start_round(t, backend)
-            targets = sample_sites(all_sites, self.sample_fraction, self.min_clients, self.seed, t)
+            willing = [s for s in all_sites if s not in self._refused]
+            targets = sample_sites(willing, self.sample_fraction, self.min_clients, self.seed, t)
             self.info(f"round {t}/{self.num_rounds}: sites {targets}")
             task_model = FLModel(
                 params_type=ParamsType.FULL,
                 params=backend.task_params(),
                 current_round=t - 1,  # NVFlare counts rounds from 0
                 total_rounds=self.num_rounds,
-                meta={META_PLAN: step.plan(self.scheme, self.scheme_args), **backend.task_meta()},
+                meta={META_PLAN: plan, **backend.task_meta()},
             )
             results = self.ask_sites(TASK_TRAIN, task_model, targets, self.min_clients)
+            self._note_refusals(r.meta for r in results)
             self.event(AppEventType.BEFORE_AGGREGATION)
             outcome = step.run(t, [client_result(r) for r in results], targets)
+            for site, reason in self._refused.items():
+                if site not in targets:
+                    outcome.excluded.setdefault(site, f"{site} refused the job: {reason}")
             results = task_model = None  # this round's client models
             aggregated = FLModel(
                 params_type=ParamsType.FULL, params=outcome.params or {}, metrics=outcome.metrics
@@ -335,6 +428,11 @@ class FedweighController(ModelController):
                 AppEventType.AFTER_AGGREGATION, self.fl_ctx, AppConstants.AGGREGATION_RESULT, aggregated
             )
             aggregated = None
+            if not self._enough_sites(all_sites):
+                recorder.add_outcome(outcome)
+                recorder.flush()
+                stopped = True
+                break
             if not outcome.updated:
                 recorder.add_outcome(outcome)
                 recorder.flush()
@@ -363,8 +461,14 @@ class FedweighController(ModelController):
                 current_round=self.num_rounds,
                 meta=backend.task_meta(),
             )
-            results = self.ask_sites(TASK_VALIDATE, final, sorted(all_sites), 1)
-            ok = [r for r in results if r.metrics and (r.meta or {}).get(META_NUM_SAMPLES) is not None]
+            willing = sorted(s for s in all_sites if s not in self._refused)
+            results = self.ask_sites(TASK_VALIDATE, final, willing, 1)
+            self._note_refusals(r.meta for r in results)
+            ok = [
+                r
+                for r in results
+                if isinstance(r.meta, dict) and r.metrics and r.meta.get(META_NUM_SAMPLES) is not None
+            ]
             if ok:
                 recorder.set_metrics(self.num_rounds, mean_metrics([r.metrics or {} for r in ok]))
         recorder.flush()

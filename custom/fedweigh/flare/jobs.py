@@ -12,7 +12,8 @@ How the fedweigh code reaches the sites (docs/deploy.md):
   NVFlare: its submitter needs the ``byoc`` right (project_admin or lead in the default policy).
 - ``site_installed=True``: the job carries no code at all; its client executor is
   :class:`~fedweigh.flare.site_executor.InstalledClientExecutor`. A provisioned site runs it only
-  when ``fedweigh.`` is in the site's ``class_allow_list`` (provisioning/resources.json).
+  when fedweigh's component classes are in the site's ``class_allow_list``
+  (provisioning/resources.json names each one).
 """
 
 from __future__ import annotations
@@ -68,10 +69,14 @@ METHODS = FEDERATED_METHODS
 JOB_CATALOGUE: dict[str, Callable] = {
     **{f"synthcxr_{m}": _job(m, SYNTHCXR_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES) for m in METHODS},
     # privacy-hardened variants: FedDRAW with encrypted model updates (the sites report their
-    # similarity), DAFL with DP-SGD at the sites (epsilon 8 over the whole job)
+    # similarity), DAFL with DP-SGD at the sites (epsilon 8 over the whole job) and DP noise on the
+    # label statistics its loss is built from (epsilon 1)
     "synthcxr_feddraw_he": _job("feddraw", SYNTHCXR_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES, he=True),
     "synthcxr_dafl_dp": _job(
-        "dafl", replace(SYNTHCXR_CLIENT, norm="group", dp_epsilon=8.0), SYNTHCXR_ROUNDS, SYNTHCXR_SITES
+        "dafl",
+        replace(SYNTHCXR_CLIENT, norm="group", dp_epsilon=8.0, stats_dp_epsilon=1.0),
+        SYNTHCXR_ROUNDS,
+        SYNTHCXR_SITES,
     ),
     "chestmnist_feddraw": _job("feddraw", CHESTMNIST_CLIENT, 10, 4),
     "chexpert_feddraw": _job("feddraw", CHEXPERT_CLIENT, 10, 4),

@@ -24,9 +24,10 @@ from nvflare.job_config.script_runner import ScriptRunner
 from nvflare.recipe.spec import Recipe
 
 from fedweigh.data import dataset_info
-from fedweigh.flare.controller import FedweighController
+from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, method_spec
+from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 from fedweigh.site import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
@@ -86,9 +87,17 @@ class FedweighRecipe(Recipe):
         model: the global model; derived from ``client`` when omitted.
         sample_fraction: fraction of sites sampled per round.
         statistics: label-statistics exchange: ``"none"``, ``"plain"`` or ``"secure"``.
-        train_timeout: seconds to wait for a round's results (0 = wait for every sampled site).
+        train_timeout: seconds to wait for a task's results; a silent site is left out of that
+            task (default 3600; 0 = wait for every sampled site however long).
         resume_from: folder with the state of an earlier run to continue.
-        max_share: cap on any one site's share of a round's weight (None: no cap).
+        max_share: cap on any one site's share of a round's weight: "auto" (default: half the weight
+            once three or more sites count), a number in (0, 1], or None (no cap).
+        update_norm_bound: scale every array of an update down to this many times the median norm
+            of that array in the other sites' updates (default 3; None: off). docs/security.md.
+        min_update_cosine: leave out an update pointing away from most of the others' (cosine below
+            this with more than half of them; default 0; None: off).
+        min_secure_sum: the fewest contributions to any secure sum (default 3, at most the number of
+            sites; each site's policy may ask for more).
         stop_after: end the run after that round; continue it with ``resume_from``.
         bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
             deployment); by default the job expects fedweigh installed where it runs.
@@ -115,14 +124,17 @@ class FedweighRecipe(Recipe):
         model: ModelSpec | None = None,
         sample_fraction: float = 1.0,
         statistics: str = "none",
-        train_timeout: int = 0,
+        train_timeout: int = DEFAULT_TRAIN_TIMEOUT,
         resume_from: str | None = None,
         seed: int = 0,
         bundle: bool = False,
         he: bool = False,
         he_layers: list[str] | None = None,
-        max_share: float | None = None,
+        max_share: float | str | None = "auto",
         stop_after: int | None = None,
+        update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+        min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
+        min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         self.client_args = client or ClientArgs()
         if model is None:
@@ -159,6 +171,9 @@ class FedweighRecipe(Recipe):
             he_layers=he_layers,
             max_share=max_share,
             stop_after=stop_after,
+            update_norm_bound=update_norm_bound,
+            min_secure_sum=min_secure_sum,
+            min_update_cosine=min_update_cosine,
         )
         job.to_server(controller, id="controller")
         job.to_clients(ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv()))

@@ -1,15 +1,20 @@
 """The label-statistics phase in NVFlare: sites learn the global label histogram before training.
 
 The math (the statistics vector v_k, its sum, decoding, how sums travel) is in
-:mod:`fedweigh.label_stats` and :mod:`fedweigh.secure.exchange`; this module runs it as NVFlare tasks.
-The phase has two steps, both sent as the ``stats`` task:
+:mod:`fedweigh.label_stats` and :mod:`fedweigh.secure.exchange`; which contributions are summed is
+:func:`fedweigh.label_stats.sum_statistics`. This module runs it as NVFlare tasks. The phase has two
+steps, both sent as the ``stats`` task:
 
-1. ``collect``: every site sends its contribution; the server checks and sums them.
-2. ``distribute``: the server returns the sum; every site derives the global statistics and keeps
-   them (the loss and the scheme's client scalars use them).
+1. ``collect``: every site sends its contribution (or its site policy's refusal); the server checks
+   and sums the valid ones when a quorum of them remains (:mod:`fedweigh.secure.quorum`);
+2. ``distribute``: the server returns the sum; every site checks that it holds at least the number
+   of contributions its own policy demands, then derives the global statistics and keeps them (the
+   loss and the scheme's client scalars use them). Without a valid sum nothing is distributed: the
+   sites train with their local statistics and the server's log says why.
 
 ``plain`` sends v_k in clear (research runs only: it reveals each hospital's disease prevalence to the
 server and logs a warning), ``secure`` sums CKKS ciphertexts so the server sees neither v_k nor the sum.
+A site takes part only in the modes its policy lists (:class:`fedweigh.policy.SitePolicy`).
 """
 
 from __future__ import annotations
@@ -21,9 +26,18 @@ from pathlib import Path
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from fedweigh.flare.keys import role_context_provider
-from fedweigh.label_stats import META_LENGTH, PlainExchange, StatisticsExchange, decode_sum, statistics_vector
-from fedweigh.protocol import META_NUM_SAMPLES, TASK_STATS
+from fedweigh.label_stats import (
+    META_LENGTH,
+    PlainExchange,
+    StatisticsExchange,
+    decode_sum,
+    statistics_vector,
+    sum_statistics,
+)
+from fedweigh.policy import PERMISSIVE_DEFAULT, SitePolicy
+from fedweigh.protocol import META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_PLAN, TASK_STATS
 from fedweigh.secure.exchange import SecureExchange
+from fedweigh.secure.quorum import ABSOLUTE_MIN
 from fedweigh.site import SiteTrainer
 
 logger = logging.getLogger("fedweigh.statistics")
@@ -33,59 +47,66 @@ META_MODE = "fedweigh_stats_mode"
 GLOBAL_STATS_FILE = "fedweigh_global_stats_{job_id}.json"
 
 
-def make_exchange(mode: str) -> StatisticsExchange:
-    """The exchange of statistics mode ``mode`` (``plain`` or ``secure``, with this process's keys)."""
+def make_exchange(mode: str, min_contributions: int = ABSOLUTE_MIN) -> StatisticsExchange:
+    """The exchange of statistics mode ``mode`` (``plain`` or ``secure``, with this process's keys);
+    ``min_contributions``: the fewest contributions a sum may hold for this party to decode it."""
     if mode == "plain":
-        return PlainExchange()
+        return PlainExchange(min_contributions)
     if mode == "secure":
-        return SecureExchange(role_context_provider())
+        return SecureExchange(role_context_provider(), min_contributions)
     raise ValueError(f"statistics mode must be 'plain' or 'secure', got {mode!r}")
 
 
 # ---------------------------------------------------------------------------------------- server
-def run_statistics_phase(controller, sites: list[str], mode: str) -> None:
-    """Run collect + distribute through ``controller.ask_sites``; invalid or silent sites are skipped."""
+def run_statistics_phase(
+    controller, sites: list[str], mode: str, floor: int = ABSOLUTE_MIN, plan=None
+) -> dict:
+    """Run collect + distribute through ``controller.ask_sites``; returns the raw collect results'
+    meta by site (the controller reads refusals from it). Invalid, refusing or silent sites are
+    left out with a logged reason; no contribution can fail the phase."""
     exchange = make_exchange(mode)
     if mode == "plain":
         controller.warning(
             "label statistics travel in clear (statistics='plain'): the server sees every site's label histogram"
         )
-    results = controller.ask_sites(
-        TASK_STATS, FLModel(params={}, meta={META_STEP: "collect", META_MODE: mode}), sites, 1
-    )
-    payloads: dict[str, dict] = {}
-    lengths = set()
+    task_meta = {META_STEP: "collect", META_MODE: mode, **({META_PLAN: plan} if plan else {})}
+    results = controller.ask_sites(TASK_STATS, FLModel(params={}, meta=task_meta), sites, 1)
+    payloads: dict[str, object] = {}
     for r in results:
-        meta = r.meta or {}
-        site = meta.get("client_name", "?")
-        length = meta.get(META_LENGTH)
-        if not isinstance(length, int) or length < 3:
-            controller.warning(f"statistics: skipping {site}: no valid {META_LENGTH}")
-            continue
-        lengths.add(length)
-        payloads[site] = {**meta, **(r.params or {})}
-    if len(lengths) != 1:
-        raise RuntimeError(f"statistics: sites disagree on the number of classes ({sorted(lengths)})")
-    length = lengths.pop()
-    valid: dict[str, dict] = {}
-    for site, payload in payloads.items():
-        try:
-            exchange.check(site, payload, length)
-            valid[site] = payload
-        except ValueError as e:
-            controller.warning(f"statistics: skipping {site}: {e}")
-    total = exchange.sum(valid, length)
-    controller.info(f"statistics ({mode}): summed contributions of {len(valid)} site(s)")
-    controller.ask_sites(
-        TASK_STATS, FLModel(params={}, meta={META_STEP: "distribute", META_MODE: mode, **total}), sites, 1
-    )
+        meta = r.meta if isinstance(r.meta, dict) else {}
+        site = str(meta.get("client_name", "?"))
+        payloads[site] = {**meta, **(r.params if isinstance(r.params, dict) else {})}
+    outcome = sum_statistics(exchange, payloads, floor)
+    for site, why in outcome.excluded.items():
+        controller.warning(f"statistics: leaving {site} out: {why}")
+    for site in sites:
+        if site not in payloads:
+            controller.warning(f"statistics: {site} sent no contribution in time; left out")
+    if outcome.total is None:
+        controller.warning(
+            f"statistics ({mode}): nothing summed: {outcome.reason}; the sites train with their local statistics"
+        )
+        return payloads
+    controller.info(f"statistics ({mode}): summed contributions of {len(outcome.members)} site(s)")
+    distribute = {
+        META_STEP: "distribute",
+        META_MODE: mode,
+        **({META_PLAN: plan} if plan else {}),
+        **outcome.total,
+    }
+    controller.ask_sites(TASK_STATS, FLModel(params={}, meta=distribute), sites, 1)
+    return payloads
 
 
 # ---------------------------------------------------------------------------------------- client
-def answer_statistics_task(trainer: SiteTrainer, input_model: FLModel) -> FLModel:
-    """The client's answer to a ``stats`` task (collect or distribute)."""
+def answer_statistics_task(
+    trainer: SiteTrainer, input_model: FLModel, policy: SitePolicy = PERMISSIVE_DEFAULT
+) -> FLModel:
+    """The client's answer to a ``stats`` task (collect or distribute). The caller has checked the
+    task against the site's policy; ``policy.min_secure_sum`` is announced with the contribution and
+    checked before a sum is decoded."""
     meta = input_model.meta or {}
-    exchange = make_exchange(meta.get(META_MODE, "plain"))
+    exchange = make_exchange(meta.get(META_MODE, "plain"), policy.min_secure_sum)
     if meta.get(META_STEP) == "collect":
         # with statistics DP on, the site's one noised release; N_k c_k is derived from it
         # (post-processing), so everything sent here is covered by the same budget
@@ -97,9 +118,18 @@ def answer_statistics_task(trainer: SiteTrainer, input_model: FLModel) -> FLMode
             metrics.update(stats_dp_epsilon=float(release.epsilon), stats_dp_delta=float(release.delta))
         return FLModel(
             metrics=metrics,
-            meta={META_LENGTH: int(vector.size), META_NUM_SAMPLES: len(trainer.site.train), **payload},
+            meta={
+                META_LENGTH: int(vector.size),
+                META_NUM_SAMPLES: len(trainer.site.train),
+                META_MIN_SECURE_SUM: int(policy.min_secure_sum),
+                **payload,
+            },
         )
-    stats = decode_sum(exchange.decode(meta))
+    try:
+        stats = decode_sum(exchange.decode(meta))
+    except ValueError as e:  # too few contributions for this site's policy, or an inconsistent sum
+        logger.error("%s: global statistics not decoded: %s", trainer.site_name, e)
+        return FLModel(metrics={"stats_received": 0.0}, meta={"ok": False, "error": str(e)})
     trainer.global_stats = stats.as_dict()
     try:
         Path(GLOBAL_STATS_FILE.format(job_id=trainer.job_id)).write_text(json.dumps(trainer.global_stats))

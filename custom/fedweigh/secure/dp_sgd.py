@@ -109,6 +109,9 @@ class DPSGD:
         seed: seeds Poisson sampling and noise, for reproducible tests only. The default (None) draws
             fresh seeds from the OS each round: the job's seed is known to the server, and noise it
             could regenerate would protect nothing.
+        guard: the site policy's epsilon caps (:class:`fedweigh.policy.PrivacyGuard`): asked before
+            each round with the epsilon the round would reach (it raises to refuse the round), told
+            after it what was reached. None: no caps beyond the job's target.
     """
 
     def __init__(
@@ -117,11 +120,13 @@ class DPSGD:
         state_path: str | Path | None = None,
         site_name: str = "site",
         seed: int | None = None,
+        guard: Any = None,
     ) -> None:
         self.config = config
         self.state_path = Path(state_path) if state_path is not None else None
         self.site_name = site_name
         self.seed = seed
+        self.guard = guard
         self.accountant = make_accountant(config.accountant)
         self.noise_multiplier: float | None = config.noise_multiplier
         self.sample_rate: float | None = None
@@ -264,8 +269,10 @@ class DPSGD:
         planned = cfg.epochs * steps_per_epoch
         steps = planned if cfg.max_steps is None else min(planned, cfg.max_steps)
         sigma = self._noise_multiplier(sample_rate, steps, total_rounds)
+        after = self._epsilon_of(extend_history(self.accountant.history, sigma, sample_rate, steps))
+        if self.guard is not None:
+            self.guard.check("dp_sgd", after)  # the site policy's caps, before anything is trained
         if self.config.epsilon is not None:
-            after = self._epsilon_of(extend_history(self.accountant.history, sigma, sample_rate, steps))
             if after > self.config.epsilon * (1 + 1e-9):
                 raise PrivacyBudgetExhausted(
                     f"{self.site_name}: DP-SGD budget exhausted: {self.total_steps} steps spent epsilon "
@@ -352,6 +359,8 @@ class DPSGD:
         report = self._report(result.num_steps, mode)
         self.rounds.append({"steps": result.num_steps, "epsilon": report.epsilon, "mode": mode})
         self._save()
+        if self.guard is not None:
+            self.guard.record("dp_sgd", report.epsilon)
         return result, report
 
     @staticmethod

@@ -3,7 +3,10 @@
 Client (``encode``/``decode``): uses the client context (with secret key), encrypts its statistics
 vector v_k (:func:`fedweigh.secure.vectors.encrypt_vector`), later decrypts the summed vector.
 Server (``check``/``sum``): uses only the server context, refuses a context that holds a secret
-key, checks that every site sent one CKKS ciphertext of the expected size, and adds them.
+key, checks that every site sent one fresh CKKS ciphertext of the expected size (at the context's
+scale and first level, so that one contribution cannot make the sum fail), and adds them. A site
+decrypts a sum only when it holds at least ``min_contributions`` contributions (its site policy's
+minimum), checked against the encrypted count slot.
 Everything the server receives from a site in this phase is: the ciphertext (base64 text), the
 vector length, the sample count N_k (already sent by stock FedAvg) and the encoding name.
 
@@ -22,16 +25,23 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedweigh.label_stats import META_LENGTH, StatisticsExchange
-from fedweigh.secure.vectors import ciphertext_size, decrypt_vector, encrypt_vector, sum_encrypted
+from fedweigh.label_stats import META_LENGTH, META_NUM_CONTRIBUTIONS, StatisticsExchange
+from fedweigh.secure.quorum import ABSOLUTE_MIN
+from fedweigh.secure.vectors import (
+    check_fresh_ciphertext,
+    decrypt_vector,
+    encrypt_vector,
+    load_ckks_vector,
+    sum_encrypted,
+)
 
 if TYPE_CHECKING:  # the contexts come from the provider; importing this module does not load TenSEAL
     import tenseal as ts
 
 META_CIPHERTEXT = "fedweigh_stats_ciphertext"
 META_ENCODING = "fedweigh_stats_encoding"
-META_NUM_CONTRIBUTIONS = "fedweigh_stats_num_contributions"
-# META_LENGTH (the vector length, sent by every site and with the sum) is fedweigh.label_stats' own.
+# META_LENGTH (the vector length, sent by every site and with the sum) and META_NUM_CONTRIBUTIONS
+# (the number of contributions in a sum) are fedweigh.label_stats' own.
 
 #: CKKS, each entry split in two slots (B = 2^20) plus one count slot (fedweigh.secure.vectors).
 ENCODING = "ckks-split20-count-v1"
@@ -59,12 +69,14 @@ class SecureExchange(StatisticsExchange):
     Args:
         context_provider: ``role -> tenseal.Context``; called at most once per role and object
             (the server side only ever asks for ``"server"``, the client side for ``"client"``).
+        min_contributions: the fewest contributions a sum may hold for this party to decrypt it.
     """
 
     mode = "secure"
 
-    def __init__(self, context_provider: ContextProvider) -> None:
+    def __init__(self, context_provider: ContextProvider, min_contributions: int = ABSOLUTE_MIN) -> None:
         self.context_provider = context_provider
+        self.min_contributions = int(min_contributions)
         #: contexts this object has obtained, by role
         self.contexts: dict[str, ts.Context] = {}
 
@@ -92,11 +104,10 @@ class SecureExchange(StatisticsExchange):
                 f"secure statistics: unknown encoding {payload.get(META_ENCODING)!r}, expected {ENCODING}"
             )
         length = payload.get(META_LENGTH)
-        count = payload.get(META_NUM_CONTRIBUTIONS)
-        if not isinstance(length, int) or not isinstance(count, int) or count < 1:
-            raise ValueError(
-                f"secure statistics: the server's sum lacks {META_LENGTH} or {META_NUM_CONTRIBUTIONS}"
-            )
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(f"secure statistics: the server's sum lacks a valid {META_LENGTH}")
+        # before anything is decrypted; decrypt_vector then checks the count against the count slot
+        count = self.check_quorum(payload)
         data = _unb64("server", payload.get(META_CIPHERTEXT))
         return decrypt_vector(self._context("client"), data, length, num_contributions=count)
 
@@ -105,10 +116,13 @@ class SecureExchange(StatisticsExchange):
         if payload.get(META_ENCODING) != ENCODING:
             raise ValueError(f"{site}: statistics encoding {payload.get(META_ENCODING)!r} is not {ENCODING}")
         data = _unb64(site, payload.get(META_CIPHERTEXT))
+        ctx = self._context("server")
         try:
-            size = ciphertext_size(self._context("server"), data)
+            vec = load_ckks_vector(ctx, data)
         except ValueError as e:
             raise ValueError(f"{site}: {e}") from None
+        check_fresh_ciphertext(ctx, vec, site)
+        size = vec.size()
         if size != 2 * length + 1:
             raise ValueError(
                 f"{site}: ciphertext has {size} slots, expected {2 * length + 1} for length {length}"

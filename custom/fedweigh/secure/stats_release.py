@@ -1,5 +1,8 @@
 """A site's label histogram as it may be revealed: exact, or one Gaussian-noised release per job.
 
+Releases are kept per *budget* (the ``job_id`` given here; the NVFlare client passes the budget id
+the server announces, which survives ``resume_from``, so a resumed job reuses the release).
+
 Without statistics DP a site reveals its exact histogram (n_1..n_C, N_k). With it
 (:class:`fedweigh.secure.dp_config.StatsDPConfig`), the release is drawn by the Gaussian mechanism
 (:func:`fedweigh.secure.gaussian.privatize_histogram`) ONCE per job and site, with noise from the OS
@@ -17,6 +20,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,15 +52,23 @@ class HistogramReleaser:
         site_name: names the site in messages and in the release file.
         job_id: the NVFlare job; nothing is written for :data:`~fedweigh.secure.dp_config.LOCAL_JOB_ID`.
         folder: where the release file is kept (the client's working folder by default).
+        guard: the site policy's epsilon caps (:class:`fedweigh.policy.PrivacyGuard`), asked before
+            the one draw (it raises to refuse it) and told what the release spent.
     """
 
     def __init__(
-        self, config: StatsDPConfig | None, site_name: str, job_id: str, folder: str | Path = "."
+        self,
+        config: StatsDPConfig | None,
+        site_name: str,
+        job_id: str,
+        folder: str | Path = ".",
+        guard: Any = None,
     ) -> None:
         self.config = config
         self.site_name = site_name
         self.job_id = str(job_id)
         self.folder = Path(folder)
+        self.guard = guard
         #: The DP release of this job and site (drawn here or reloaded from its file); None until then.
         self.drawn: HistogramRelease | None = None
 
@@ -101,6 +113,8 @@ class HistogramReleaser:
                 f"the job now asks for (epsilon={config.epsilon}, delta={config.delta}, {counts.size} classes)"
             )
         if release is None:
+            if self.guard is not None:
+                self.guard.check("statistics", config.epsilon)  # the site policy's caps, before the draw
             release = privatize_histogram(counts, num_samples, task, config, rng)
             if path is not None:
                 atomic_write_json(path, release.as_dict(), indent=1)
@@ -113,6 +127,8 @@ class HistogramReleaser:
                 release.delta,
             )
         self.drawn = release
+        if self.guard is not None:
+            self.guard.record("statistics", release.epsilon)
         return ReleasedHistogram(release.class_counts, release.num_samples, release.epsilon, release.delta)
 
 

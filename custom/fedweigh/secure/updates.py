@@ -63,7 +63,9 @@ import tenseal as ts
 from fedweigh.arrays import Params, check_same_layout, to_numpy
 from fedweigh.io import atomic_write_npz
 from fedweigh.protocol import META_HE
+from fedweigh.rounds import ZERO_WEIGHT as ROUND_ZERO_WEIGHT
 from fedweigh.rounds import AggregationBackend
+from fedweigh.secure.vectors import check_fresh_ciphertext
 from fedweigh.weighting.base import ClientReport, WeightingScheme
 
 #: Name of this encoding (flattened float64 vector, chunked, one CKKS vector per chunk).
@@ -74,7 +76,7 @@ DEFAULT_SLOTS = 4096
 MAX_ABS_VALUE = 2.0**17
 #: A weight below this in magnitude contributes nothing (a zero plaintext makes SEAL's product
 #: "transparent", which it refuses); the skipped term is below 1e-12 * |Delta|.
-ZERO_WEIGHT = 1e-12
+ZERO_WEIGHT = ROUND_ZERO_WEIGHT
 #: Tolerance (relative to max(1, |expected|)) on the decrypted check slot.
 CHECK_TOLERANCE = 1e-3
 #: Parameter-dict keys that carry ciphertext chunks (uint8 arrays), by direction. Distinct prefixes
@@ -275,8 +277,12 @@ def encrypt_chunks(ctx: ts.Context, vector: np.ndarray, slots: int = DEFAULT_SLO
     ]
 
 
-def load_chunks(ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout, who: str) -> list[ts.CKKSVector]:
-    """Deserialise and check ciphertext chunks: count and sizes must match ``layout``.
+def load_chunks(
+    ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout, who: str, *, fresh: bool = False
+) -> list[ts.CKKSVector]:
+    """Deserialise and check ciphertext chunks: count and sizes must match ``layout``; with ``fresh``
+    (a site's update) every chunk must also be at the context's scale and first level
+    (:func:`fedweigh.secure.vectors.check_fresh_ciphertext`), or the weighted sum would fail.
 
     Raises ValueError naming ``who`` (a site, or "server") and the chunk.
     """
@@ -291,6 +297,8 @@ def load_chunks(ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout, who:
             raise ValueError(f"{who}: chunk {i} is not a CKKS vector for this context ({e})") from None
         if vec.size() != size:
             raise ValueError(f"{who}: chunk {i} holds {vec.size()} values, expected {size}")
+        if fresh:
+            check_fresh_ciphertext(ctx, vec, f"{who}: chunk {i}")
         out.append(vec)
     return out
 
@@ -371,15 +379,24 @@ def decode_global(
     received: Mapping,
     he_meta: Mapping,
     reference: Mapping[str, np.ndarray],
+    min_contributions: int = 1,
 ) -> tuple[dict[str, np.ndarray], HELayout]:
     """The plaintext global model a site received: decrypted chunks + clear arrays, in ``reference``
     order and dtypes (``reference``: the site's own model parameters, for names, shapes and dtypes).
 
-    A plaintext model (round 1) is returned as it is, checked for completeness.
+    A plaintext model (round 1) is returned as it is, checked for completeness. An encrypted one is
+    decrypted only when its last aggregation summed at least ``min_contributions`` updates (the
+    site policy's minimum; :mod:`fedweigh.secure.quorum`), else ValueError saying so.
     """
     layout = HELayout.from_meta(he_meta, reference)
     chunks, clear = unpack_chunks(received, GLOBAL_PREFIX)
     if chunks:
+        count = he_meta.get("contributions")
+        if not isinstance(count, int) or isinstance(count, bool) or count < min_contributions:
+            raise ValueError(
+                f"HE: the encrypted global model's last aggregation summed {count!r} update(s); this site's "
+                f"policy decrypts a secure sum only with at least {min_contributions} contributions"
+            )
         vector = decrypt_chunks(ctx, chunks, layout)
         expected = float(he_meta.get("check", math.nan))
         if not abs(vector[-1] - expected) <= CHECK_TOLERANCE * max(1.0, abs(expected)):
@@ -465,6 +482,8 @@ class EncryptedGlobalModel(AggregationBackend):
         self._initial: np.ndarray | None = np.append(self.layout.flatten(reference), 0.0)
         #: sum of all weights applied so far: the value of the check slot of the encrypted model
         self.check_value = 0.0
+        #: updates summed by the last aggregation (sites refuse to decrypt below their policy's minimum)
+        self.contributions = 0
         self._initial_values = {k: reference[k] for k in self.layout.keys}
         self.chunks: list[bytes] | None = None
         self._vectors: list[ts.CKKSVector] | None = None
@@ -484,7 +503,7 @@ class EncryptedGlobalModel(AggregationBackend):
 
     def meta(self) -> dict:
         """The layout and the expected check slot (both in clear: names and a sum of weights)."""
-        return {**self.layout.to_meta(), "check": self.check_value}
+        return {**self.layout.to_meta(), "check": self.check_value, "contributions": self.contributions}
 
     def task_meta(self) -> dict:
         """The task meta that tells a site to decrypt: {META_HE: layout and check value}."""
@@ -503,7 +522,9 @@ class EncryptedGlobalModel(AggregationBackend):
             raise ValueError(f"{site}: sent encrypted-layout parameter {leaked[0]!r} in clear; refusing it")
         reference = {k: np.empty(self.spec[k][0], dtype=self.spec[k][1]) for k in self.clear}
         clear = check_same_layout(site, rest, reference)
-        return EncryptedContribution(site, load_chunks(self.ctx, chunks, self.layout, site), clear)
+        return EncryptedContribution(
+            site, load_chunks(self.ctx, chunks, self.layout, site, fresh=True), clear
+        )
 
     def weigh(
         self,
@@ -538,6 +559,7 @@ class EncryptedGlobalModel(AggregationBackend):
         summed = weighted_sum([c.update for c in contributions], w, base, self.layout.slots)  # type: ignore[arg-type]
         if summed is not None:
             self.check_value += float(sum(wk for wk in w if abs(wk) >= ZERO_WEIGHT))
+            self.contributions = int(sum(1 for wk in w if abs(wk) >= ZERO_WEIGHT))
             self._vectors = summed
             self.chunks = [v.serialize() for v in summed]
             self._initial, self._initial_values = None, {}
@@ -558,6 +580,7 @@ class EncryptedGlobalModel(AggregationBackend):
             arrays.update({f"plain/{k}": v for k, v in self._initial_values.items()})
         arrays["layout_fingerprint"] = np.array(self.layout.fingerprint)
         arrays["check_value"] = np.array(self.check_value)
+        arrays["contributions"] = np.array(self.contributions)
         atomic_write_npz(path, **arrays)
 
     def load(self, path: str | Path) -> None:
@@ -568,6 +591,7 @@ class EncryptedGlobalModel(AggregationBackend):
                 raise ValueError(f"{path}: saved under another HE layout (model or he_layers changed)")
             self.clear = {f[len("clear/") :]: npz[f] for f in files if f.startswith("clear/")}
             self.check_value = float(npz["check_value"])
+            self.contributions = int(npz["contributions"]) if "contributions" in files else 0
             enc = sorted(f for f in files if f.startswith("enc/"))
             if enc:
                 self.chunks = [npz[f].tobytes() for f in enc]

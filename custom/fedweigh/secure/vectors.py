@@ -67,14 +67,43 @@ def encrypt_vector(ctx: ts.Context, vector: np.ndarray | Sequence[float]) -> byt
     return ts.ckks_vector(ctx, _slots(vec)).serialize()
 
 
-def ciphertext_size(ctx: ts.Context, data: bytes) -> int:
-    """Number of slots of a serialised CKKS vector (raises ValueError if it is not one for ``ctx``)."""
+def load_ckks_vector(ctx: ts.Context, data: bytes) -> ts.CKKSVector:
+    """A serialised CKKS vector read with ``ctx`` (raises ValueError if it is not one for ``ctx``)."""
     import tenseal as ts
 
     try:
-        return ts.ckks_vector_from(ctx, data).size()
-    except Exception as e:
+        return ts.ckks_vector_from(ctx, data)
+    except Exception as e:  # TenSEAL raises plain ValueError/RuntimeError on bad protobuf
         raise ValueError(f"not a CKKS ciphertext for this context ({e})") from None
+
+
+def check_fresh_ciphertext(ctx: ts.Context, vec: ts.CKKSVector, who: str) -> None:
+    """Raise ValueError naming ``who`` unless every ciphertext of ``vec`` is as a site's encryption
+    leaves it: two polynomials, at the context's scale and at its first data level (no
+    multiplication or rescaling applied). A ciphertext at another scale or level cannot be added to
+    the others (SEAL refuses), so one such contribution would otherwise fail the whole sum."""
+    scale = float(ctx.global_scale)
+    first = ctx.data.seal_context().first_parms_id()
+    for c in vec.ciphertext():
+        if c.size() != 2:
+            raise ValueError(f"{who}: a ciphertext has {c.size()} polynomials, a fresh encryption has 2")
+        if c.parms_id() != first:
+            raise ValueError(
+                f"{who}: a ciphertext is at another CKKS level ({c.coeff_modulus_size()} primes left) than a "
+                "fresh encryption under this context"
+            )
+        if not math.isclose(float(c.scale), scale, rel_tol=1e-9):
+            raise ValueError(
+                f"{who}: a ciphertext is at CKKS scale 2^{math.log2(c.scale):.2f}, the context's scale is "
+                f"2^{math.log2(scale):.2f}"
+            )
+        if c.is_transparent():
+            raise ValueError(f"{who}: a ciphertext is transparent (it encrypts nothing)")
+
+
+def ciphertext_size(ctx: ts.Context, data: bytes) -> int:
+    """Number of slots of a serialised CKKS vector (raises ValueError if it is not one for ``ctx``)."""
+    return load_ckks_vector(ctx, data).size()
 
 
 def sum_encrypted(public_ctx: ts.Context, ciphertexts: Sequence[bytes]) -> bytes:
@@ -137,8 +166,10 @@ __all__ = [
     "LIMB_BASE",
     "LO_DECIMALS",
     "MAX_ABS_VALUE",
+    "check_fresh_ciphertext",
     "ciphertext_size",
     "decrypt_vector",
     "encrypt_vector",
+    "load_ckks_vector",
     "sum_encrypted",
 ]

@@ -28,6 +28,15 @@ IntegerBufferRule = Literal["weighted", "max"]
 #: Scalar names a client may report (see each scheme's ``client_scalars``).
 KNOWN_SCALARS: tuple[str, ...] = ("similarity", "skew", "imbalance", "discrepancy")
 
+#: The range every scheme accepts for each known scalar (a scheme may narrow it, ``scalar_ranges``):
+#: a cosine similarity lies in [-1, 1]; skews, imbalances and KL discrepancies are non-negative.
+SCALAR_RANGES: dict[str, tuple[float, float]] = {
+    "similarity": (-1.0, 1.0),
+    "skew": (0.0, math.inf),
+    "imbalance": (0.0, math.inf),
+    "discrepancy": (0.0, math.inf),
+}
+
 
 @dataclass
 class ClientReport:
@@ -179,6 +188,8 @@ class WeightingScheme(ABC):
     he_client_scalars: ClassVar[tuple[str, ...]] = ()
     #: Why the scheme cannot run under HE (shown when a job asks for it; empty if it can).
     he_refusal: ClassVar[str] = ""
+    #: Valid range of each scalar the scheme reads, where it differs from :data:`SCALAR_RANGES`.
+    scalar_ranges: ClassVar[dict[str, tuple[float, float]]] = {}
 
     integer_buffers: IntegerBufferRule = "weighted"
     #: Intermediate quantities of the last ``weights`` call (for logging; not state).
@@ -199,6 +210,10 @@ class WeightingScheme(ABC):
         those the server would otherwise compute from plaintext parameters (``he_client_scalars``)."""
         extra = self.he_client_scalars if encrypted and self.he_compatible else ()
         return tuple(dict.fromkeys([*self.required_scalars, *extra]))
+
+    def scalar_range(self, name: str) -> tuple[float, float]:
+        """(lowest, highest) valid value of the client scalar ``name`` for this scheme (both inclusive)."""
+        return self.scalar_ranges.get(name, SCALAR_RANGES.get(name, (-math.inf, math.inf)))
 
     def check_he(self) -> None:
         """Raise :class:`HEIncompatibleScheme` naming the scheme and the reason if it cannot run under HE."""

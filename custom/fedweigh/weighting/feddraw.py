@@ -20,8 +20,9 @@ with r floored at ``eps``. Round 1 with beta_max = 1 gives w = p (FedAvg); the l
 
 Under homomorphic encryption the server cannot compute s_k: each client computes it with
 :func:`fedweigh.weighting.geometry.model_similarity` (it holds theta_k and theta_g) and reports the
-scalar "similarity"; the server uses the same function on plaintext parameters when a client's
-scalar is absent. Mode "delta" needs every client's delta, so only the server can compute it.
+scalar "similarity"; whenever the server holds plaintext parameters it computes the similarity itself
+with the same function and ignores any reported value. Mode "delta" needs every client's delta, so
+only the server can compute it.
 """
 
 from __future__ import annotations
@@ -150,10 +151,11 @@ class FedDRAWWeights(WeightingScheme):
             return gram.delta_cosines(p)
         s = np.empty(len(reports))
         for i, rep in enumerate(reports):
-            if "similarity" in rep.scalars:
-                s[i] = float(rep.scalars["similarity"])
-            elif rep.params is not None and global_params is not None:
+            # the server's own computation wins: a site could report any value in [-1, 1]
+            if rep.params is not None and global_params is not None:
                 s[i] = model_similarity(rep.params, global_params, self.similarity, name=rep.name)
+            elif "similarity" in rep.scalars:
+                s[i] = float(rep.scalars["similarity"])
             else:
                 raise ValueError(
                     f"feddraw: client {rep.name!r} reported no 'similarity' scalar and the server has no "

@@ -20,6 +20,7 @@ Cosine convention for zero vectors: cos(0, 0) = 1, cos(0, v) = 0 for v != 0.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,6 +114,53 @@ def model_similarity(
             raise ValueError("no floating-point parameters to compare")
         return float(np.mean(cosine_from_parts(a, g, c)))
     raise ValueError(f"similarity mode must be 'params' or 'layer' here, got {mode!r}")
+
+
+def delta_norms(
+    global_params: Mapping[str, np.ndarray], client_params: Sequence[Mapping[str, np.ndarray]]
+) -> np.ndarray:
+    """||theta_k,l - theta_g,l|| per client k (rows) and floating-point array l (columns, in
+    :func:`float_keys` order), in float64.
+
+    Unlike :func:`delta_gram` (BLAS in the arrays' precision) this never overflows for float32
+    updates of any finite size: a norm is infinite only when it exceeds the float64 range.
+    """
+    keys = float_keys(global_params)
+    out = np.zeros((len(client_params), len(keys)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, p in enumerate(client_params):
+            for j, key in enumerate(keys):
+                g = np.asarray(global_params[key], dtype=np.float64).ravel()
+                d = np.asarray(p[key], dtype=np.float64).ravel() - g
+                total = float(np.dot(d, d))
+                out[i, j] = math.sqrt(total) if math.isfinite(total) else math.inf
+    return out
+
+
+def delta_gram64(
+    global_params: Mapping[str, np.ndarray],
+    client_params: Sequence[Mapping[str, np.ndarray]],
+    *,
+    chunk: int = CHUNK,
+) -> np.ndarray:
+    """G_jk = <Delta_j, Delta_k> over the floating-point arrays, accumulated in float64 (no float32
+    overflow for large updates; an entry is infinite only beyond the float64 range)."""
+    keys = float_keys(global_params)
+    k = len(client_params)
+    gram = np.zeros((k, k))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for key in keys:
+            g = np.asarray(global_params[key], dtype=np.float64).ravel()
+            for start in range(0, g.size, chunk):
+                seg = g[start : start + chunk]
+                block = np.stack(
+                    [
+                        np.asarray(p[key], dtype=np.float64).ravel()[start : start + chunk] - seg
+                        for p in client_params
+                    ]
+                )
+                gram += block @ block.T
+    return gram
 
 
 @dataclass(frozen=True)

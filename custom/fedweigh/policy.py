@@ -1,0 +1,354 @@
+"""A site's privacy policy: what the hospital, not the job, lets a federation do with its data.
+
+The policy is a JSON file the site keeps in its ``local/`` folder, next to its data settings
+(``local/fedweigh_policy.json``; or the file named by ``FEDWEIGH_SITE_POLICY``). Every field is
+optional; a missing one takes the default of the column that applies::
+
+    {
+      "statistics_modes": ["secure"],        # label-statistics exchanges the site takes part in
+      "require_encrypted_updates": false,    # refuse jobs whose model updates travel in clear
+      "require_dp": false,                   # refuse jobs without DP-SGD on the model updates
+      "require_statistics_dp": false,        # refuse jobs without DP noise on the label statistics
+      "max_epsilon_per_job": 10.0,           # DP-SGD + statistics epsilon within one budget (null: no cap)
+      "max_epsilon_total": 100.0,            # over every budget this site ever spent (null: no cap)
+      "min_secure_sum": 3,                   # fewest contributions to any secure sum it decrypts
+      "report_scalars": ["similarity", "skew", "imbalance", "discrepancy"]
+    }
+
+=========================  =========================  ============================================
+field                      provisioned kit, no file   simulation / in-process, no file
+=========================  =========================  ============================================
+statistics_modes           ``["secure"]``             ``["plain", "secure"]``
+require_encrypted_updates  false                      false
+require_dp                 false                      false
+require_statistics_dp      false                      false
+max_epsilon_per_job        10.0                       none
+max_epsilon_total          100.0                      none
+min_secure_sum             3                          2
+report_scalars             all four                   all four
+=========================  =========================  ============================================
+
+A site whose startup kit is provisioned (it holds ``fed_client.json`` or ``rootCA.pem``) and that
+has no policy file gets the left column; anything else (``nvflare simulator``, the benchmark) the
+permissive right one, through the same code. A job asking for less than the policy is refused by
+the site: it answers every task with the reason (``fedweigh_refused``) instead of any data, the site
+and the server log it, and the server leaves the site out (and stops the job when too few sites
+remain).
+
+Epsilon is spent per *budget*: the id the server announces with every task (the first job's id,
+kept across ``resume_from``), so a resumed run continues its account instead of starting again at
+zero. The site keeps what each budget spent in its own ledger file (:class:`PrivacyLedger`), which
+no job can reset: ``max_epsilon_total`` caps the sum over every budget the site ever spent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from fedweigh.io import atomic_write_json
+from fedweigh.protocol import SITE_POLICY_ENV, SITE_POLICY_FILE
+from fedweigh.secure.contexts import STARTUP_FOLDER, find_site_root, is_provisioned
+from fedweigh.secure.quorum import ABSOLUTE_MIN
+from fedweigh.weighting.base import KNOWN_SCALARS
+
+#: Statistics exchanges a policy can name.
+STATISTICS_MODES: tuple[str, ...] = ("plain", "secure")
+#: The site's ledger of epsilon spent (in the site's workspace root, next to its DP-SGD accounts).
+LEDGER_FILE = "fedweigh_privacy_ledger_{site}.json"
+#: What a ledger entry records: DP-SGD on the model updates, and the label-statistics release.
+MECHANISMS: tuple[str, ...] = ("dp_sgd", "statistics")
+
+
+class PolicyRefusal(PermissionError):
+    """A job asks for less than the site's privacy policy allows; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """What a site accepts (module docstring). ``source`` says where the policy came from."""
+
+    statistics_modes: tuple[str, ...] = ("secure",)
+    require_encrypted_updates: bool = False
+    require_dp: bool = False
+    require_statistics_dp: bool = False
+    max_epsilon_per_job: float | None = 10.0
+    max_epsilon_total: float | None = 100.0
+    min_secure_sum: int = 3
+    report_scalars: tuple[str, ...] = KNOWN_SCALARS
+    source: str = "built-in default"
+
+    # ------------------------------------------------------------------------------ reading
+    @classmethod
+    def from_dict(cls, raw: object, origin: str, base: SitePolicy | None = None) -> SitePolicy:
+        """A policy from parsed JSON; a missing field keeps ``base``'s value (default: the
+        provisioned default). ValueError naming ``origin`` and the field for anything invalid."""
+        base = base or PROVISIONED_DEFAULT
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"site policy {origin} must hold a JSON object, got {type(raw).__name__}")
+        known = [f.name for f in fields(cls) if f.name != "source"]
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ValueError(f"site policy {origin}: unknown field(s) {unknown}; known: {known}")
+        values: dict[str, Any] = {}
+        for name, value in raw.items():
+            values[name] = _check_field(origin, name, value)
+        return replace(base, **values, source=origin)
+
+    @classmethod
+    def from_file(cls, path: str | Path, base: SitePolicy | None = None) -> SitePolicy:
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"site policy {path} does not exist") from e
+        except json.JSONDecodeError as e:
+            raise ValueError(f"site policy {path} is not valid JSON: {e}") from e
+        return cls.from_dict(raw, str(path), base)
+
+    def as_dict(self) -> dict:
+        """The policy as its file would hold it."""
+        return {
+            "statistics_modes": list(self.statistics_modes),
+            "require_encrypted_updates": self.require_encrypted_updates,
+            "require_dp": self.require_dp,
+            "require_statistics_dp": self.require_statistics_dp,
+            "max_epsilon_per_job": self.max_epsilon_per_job,
+            "max_epsilon_total": self.max_epsilon_total,
+            "min_secure_sum": self.min_secure_sum,
+            "report_scalars": list(self.report_scalars),
+        }
+
+    # ------------------------------------------------------------------------------ judging a job
+    def _refuse(self, what: str) -> str:
+        return f"{what} (site policy: {self.source})"
+
+    def job_refusal(self, args: Any) -> str | None:
+        """Why the site refuses a job with client arguments ``args`` (its DP settings), or None."""
+        dp_epsilon = getattr(args, "dp_epsilon", None)
+        dp_sigma = getattr(args, "dp_noise_multiplier", None)
+        stats_epsilon = getattr(args, "stats_dp_epsilon", None)
+        if self.require_dp and dp_epsilon is None and dp_sigma is None:
+            return self._refuse(
+                "the job trains without DP-SGD, and this site requires DP on its model updates"
+            )
+        if self.require_statistics_dp and stats_epsilon is None:
+            return self._refuse(
+                "the job releases the label statistics without DP noise, and this site requires it"
+            )
+        planned = float(dp_epsilon or 0.0) + float(stats_epsilon or 0.0)
+        if self.max_epsilon_per_job is not None and planned > self.max_epsilon_per_job:
+            return self._refuse(
+                f"the job plans to spend epsilon {planned:g} (DP-SGD {dp_epsilon}, statistics {stats_epsilon}), "
+                f"more than this site's max_epsilon_per_job={self.max_epsilon_per_job:g}"
+            )
+        return None
+
+    def statistics_refusal(self, mode: object) -> str | None:
+        """Why the site refuses a statistics exchange in ``mode``, or None."""
+        if mode not in self.statistics_modes:
+            return self._refuse(
+                f"the job exchanges label statistics in mode {mode!r}; this site accepts only "
+                f"{list(self.statistics_modes)}"
+            )
+        return None
+
+    def task_refusal(self, plan: Mapping | None, encrypted: bool) -> str | None:
+        """Why the site refuses a training task with ``plan`` (``encrypted``: the task carries the
+        HE layout, so the site's update will be sent encrypted), or None."""
+        plan = plan or {}
+        if self.require_encrypted_updates and not encrypted:
+            return self._refuse("the job sends model updates in clear; this site requires encrypted updates")
+        if plan.get("he") and not encrypted:
+            return self._refuse("the plan announces encrypted updates but the task carries no HE layout")
+        asked = plan.get("scalars") or []
+        if not isinstance(asked, (list, tuple)):
+            return self._refuse(f"the plan's scalars must be a list, got {asked!r}")
+        extra = [s for s in asked if s not in self.report_scalars]
+        if extra:
+            return self._refuse(
+                f"the job asks for the scalar(s) {extra}; this site reports only {list(self.report_scalars)}"
+            )
+        return None
+
+
+def _check_field(origin: str, name: str, value: object) -> Any:
+    where = f"site policy {origin}: {name}"
+    if name in ("require_encrypted_updates", "require_dp", "require_statistics_dp"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if name in ("max_epsilon_per_job", "max_epsilon_total"):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
+            raise ValueError(f"{where} must be a number >= 0 or null (no cap), got {value!r}")
+        return float(value)
+    if name == "min_secure_sum":
+        if isinstance(value, bool) or not isinstance(value, int) or value < ABSOLUTE_MIN:
+            raise ValueError(f"{where} must be an integer >= {ABSOLUTE_MIN}, got {value!r}")
+        return value
+    if name == "statistics_modes":
+        if not isinstance(value, list) or any(m not in STATISTICS_MODES for m in value):
+            raise ValueError(f"{where} must be a list of {list(STATISTICS_MODES)}, got {value!r}")
+        return tuple(value)
+    if name == "report_scalars":
+        if not isinstance(value, list) or any(s not in KNOWN_SCALARS for s in value):
+            raise ValueError(f"{where} must be a list of {list(KNOWN_SCALARS)}, got {value!r}")
+        return tuple(value)
+    raise ValueError(f"{where}: unknown field")  # pragma: no cover - from_dict checks the names first
+
+
+#: A provisioned site without a policy file.
+PROVISIONED_DEFAULT = SitePolicy(source="default policy of a provisioned site (no fedweigh_policy.json)")
+#: Simulation and in-process runs without a policy file: every mode, no caps, sums of two or more.
+PERMISSIVE_DEFAULT = SitePolicy(
+    statistics_modes=STATISTICS_MODES,
+    max_epsilon_per_job=None,
+    max_epsilon_total=None,
+    min_secure_sum=ABSOLUTE_MIN,
+    source="permissive default (no fedweigh_policy.json and no provisioned startup kit: simulation)",
+)
+
+
+def find_policy_file(start: str | Path | None = None) -> Path | None:
+    """The site's policy file: ``$FEDWEIGH_SITE_POLICY``, else ``local/fedweigh_policy.json`` in the
+    site's workspace root (the nearest folder at or above ``start``, default the working directory,
+    with a ``startup/`` folder) or in ``start`` itself."""
+    env = os.environ.get(SITE_POLICY_ENV)
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise FileNotFoundError(f"{SITE_POLICY_ENV}={env} does not name an existing file")
+        return path
+    here = Path(start if start is not None else Path.cwd())
+    roots = [r for r in (find_site_root(here), here) if r is not None]
+    for root in roots:
+        candidate = Path(root) / "local" / SITE_POLICY_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_site_policy(start: str | Path | None = None) -> SitePolicy:
+    """This site's policy: its file if it has one (missing fields: the provisioned defaults), else the
+    provisioned default in a provisioned kit, else the permissive default (module docstring)."""
+    path = find_policy_file(start)
+    if path is not None:
+        return SitePolicy.from_file(path)
+    root = find_site_root(Path(start if start is not None else Path.cwd()))
+    if root is not None and is_provisioned(Path(root) / STARTUP_FOLDER):
+        return PROVISIONED_DEFAULT
+    return PERMISSIVE_DEFAULT
+
+
+# ---------------------------------------------------------------------------------------- ledger
+class PrivacyLedger:
+    """The epsilon a site has spent, per budget id and mechanism, kept in a JSON file (or memory).
+
+    Entries are overwritten, not added: a budget's DP-SGD entry is its accountant's total so far
+    and its statistics entry its one release, so recording the same figure twice changes nothing.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self._lock = threading.Lock()
+        self.entries: dict[str, dict[str, float]] = {}
+        if self.path is not None and self.path.is_file():
+            try:
+                raw = json.loads(self.path.read_text())
+                self.entries = {
+                    str(b): {str(m): float(e) for m, e in spent.items()}
+                    for b, spent in raw["budgets"].items()
+                }
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(
+                    f"privacy ledger {self.path} is unreadable ({e}); this site cannot tell what it has "
+                    "spent. Restore the file or move it aside deliberately."
+                ) from None
+
+    def spent(self, budget_id: str | None = None) -> float:
+        """Epsilon of one budget (all mechanisms), or of every budget when ``budget_id`` is None."""
+        budgets = self.entries.values() if budget_id is None else [self.entries.get(budget_id, {})]
+        return float(sum(sum(b.values()) for b in budgets))
+
+    def projected(self, budget_id: str, mechanism: str, epsilon: float) -> tuple[float, float]:
+        """(this budget's, all budgets') epsilon if ``mechanism`` of ``budget_id`` stood at ``epsilon``."""
+        entry = {**self.entries.get(budget_id, {}), mechanism: float(epsilon)}
+        job = float(sum(entry.values()))
+        return job, self.spent() - self.spent(budget_id) + job
+
+    def record(self, budget_id: str, mechanism: str, epsilon: float) -> None:
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        with self._lock:
+            entry = self.entries.setdefault(str(budget_id), {})
+            if entry.get(mechanism) == float(epsilon):
+                return
+            entry[mechanism] = float(epsilon)
+            if self.path is not None:
+                atomic_write_json(self.path, {"budgets": self.entries}, indent=1)
+
+
+class PrivacyGuard:
+    """The site policy's epsilon caps, checked before a DP mechanism spends and recorded after.
+
+    DP-SGD (:class:`fedweigh.secure.dp_sgd.DPSGD`) and the statistics release
+    (:class:`fedweigh.secure.stats_release.HistogramReleaser`) call :meth:`check` with the epsilon
+    they would reach and :meth:`record` with what they reached, under :attr:`budget_id`.
+    """
+
+    def __init__(self, policy: SitePolicy, ledger: PrivacyLedger, site_name: str, budget_id: str) -> None:
+        self.policy = policy
+        self.ledger = ledger
+        self.site_name = site_name
+        self.budget_id = str(budget_id)
+
+    def check(self, mechanism: str, epsilon: float) -> None:
+        """Raise :class:`PolicyRefusal` if ``mechanism`` reaching ``epsilon`` breaks a cap."""
+        job, total = self.ledger.projected(self.budget_id, mechanism, epsilon)
+        cap = self.policy.max_epsilon_per_job
+        if cap is not None and job > cap * (1 + 1e-9):
+            raise PolicyRefusal(
+                f"{self.site_name}: {mechanism} would take budget {self.budget_id!r} to epsilon {job:.4g}, "
+                f"above this site's max_epsilon_per_job={cap:g} (site policy: {self.policy.source})"
+            )
+        cap = self.policy.max_epsilon_total
+        if cap is not None and total > cap * (1 + 1e-9):
+            raise PolicyRefusal(
+                f"{self.site_name}: {mechanism} would take the site's total epsilon to {total:.4g}, above its "
+                f"max_epsilon_total={cap:g} (spent so far: {self.ledger.spent():.4g}; site policy: "
+                f"{self.policy.source})"
+            )
+
+    def record(self, mechanism: str, epsilon: float) -> None:
+        self.ledger.record(self.budget_id, mechanism, epsilon)
+
+
+def ledger_path(site_name: str, folder: str | Path = ".") -> Path:
+    """Where a site keeps its privacy ledger (its workspace root when run by NVFlare)."""
+    from fedweigh.secure.dp_config import job_site_path
+
+    return job_site_path(LEDGER_FILE, "", site_name, folder)
+
+
+__all__ = [
+    "LEDGER_FILE",
+    "MECHANISMS",
+    "PERMISSIVE_DEFAULT",
+    "PROVISIONED_DEFAULT",
+    "STATISTICS_MODES",
+    "PolicyRefusal",
+    "PrivacyGuard",
+    "PrivacyLedger",
+    "SitePolicy",
+    "find_policy_file",
+    "ledger_path",
+    "load_site_policy",
+]
