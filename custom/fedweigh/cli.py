@@ -13,11 +13,22 @@ import os
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
 
 DEFAULT_DEMO_JOB = "synthcxr_feddraw"
+
+
+def package_version() -> str:
+    """The installed distribution's version, else the package's ``__version__``."""
+    try:
+        return metadata.version("fedweigh")
+    except metadata.PackageNotFoundError:
+        from fedweigh import __version__
+
+        return __version__
 
 
 def _repo_jobs_dir() -> Path:
@@ -114,6 +125,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedweigh", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fedweigh {package_version()}")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -154,10 +167,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def error_line(exc: BaseException) -> str:
+    """``error: <message>`` on one line (a KeyError's message without its quotes)."""
+    message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    message = " ".join(str(message).split()) or type(exc).__name__
+    return f"error: {message}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; an error prints one line (``--debug`` shows the traceback) and returns 2."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(error_line(exc), file=sys.stderr)
+        print("(run with --debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

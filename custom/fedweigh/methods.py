@@ -136,7 +136,10 @@ def method_spec(name: str, scheme_args: dict | None = None, loss_options: dict |
         raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}")
     method = METHODS[name]
     options = dict(scheme_args or {})
-    get_scheme(method.scheme, **options)  # fails here, naming the scheme's options, on a bad option
+    try:
+        get_scheme(method.scheme, **options)  # fails here, naming the scheme's options, on a bad option
+    except TypeError as e:
+        raise ValueError(f"method {name!r}: {e}") from None
     return MethodSpec(
         label=name,
         kind="federated",

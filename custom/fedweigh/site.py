@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedweigh.arrays import to_numpy_dict
+from fedweigh.checks import check_client_args
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.losses import LossContext, build_loss
 from fedweigh.models import build_model
@@ -156,7 +157,7 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     )
     p.add_argument("--stats-dp-delta", type=float, default=defaults.stats_dp_delta)
     ns = p.parse_args(argv)
-    return ClientArgs(**vars(ns))
+    return check_client_args(ClientArgs(**vars(ns)), "client script arguments")
 
 
 def build_site_model(args: ClientArgs, data: LabeledImages) -> torch.nn.Module:

@@ -39,6 +39,7 @@ from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell, store_cell
 from fedweigh.bench.profiles import THRESHOLDS, get_profile
 from fedweigh.bench.report import write_outputs
 from fedweigh.bench.sites import make_sites
+from fedweigh.checks import ConfigError, check_client_args, check_dataset_path
 from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
 from fedweigh.data.scenarios import get_scenario
@@ -124,7 +125,12 @@ def make_config(
         raise ValueError(f"threshold must be one of {THRESHOLDS}, got {threshold!r}")
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    client = prof.client_args(dataset, data_path=data_path, **client_overrides)
+    if data_path is not None and not Path(os.path.expandvars(str(data_path))).exists():
+        raise ConfigError("bench", "--data", data_path, "no such file or folder")
+    check_dataset_path("bench", dataset, data_path, field="--data")
+    client = check_client_args(
+        prof.client_args(dataset, data_path=data_path, **client_overrides), "bench client settings"
+    )
     methods = tuple(methods or prof.default_methods())
     scenarios = tuple(scenarios or prof.default_scenarios())
     seeds = tuple(int(s) for s in (seeds if seeds is not None else prof.seeds))

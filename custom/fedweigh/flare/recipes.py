@@ -23,6 +23,7 @@ from nvflare.app_opt.pt.job_config.model import PTModel
 from nvflare.job_config.script_runner import ScriptRunner
 from nvflare.recipe.spec import Recipe
 
+from fedweigh.checks import check_client_args, check_recipe_values
 from fedweigh.data import dataset_info
 from fedweigh.flare.controller import FedweighController
 from fedweigh.losses import loss_uses_global_stats
@@ -124,7 +125,19 @@ class FedweighRecipe(Recipe):
         max_share: float | None = None,
         stop_after: int | None = None,
     ):
-        self.client_args = client or ClientArgs()
+        check_recipe_values(
+            {
+                "name": name,
+                "num_rounds": num_rounds,
+                "min_clients": min_clients,
+                "sample_fraction": sample_fraction,
+                "statistics": statistics,
+                "train_timeout": train_timeout,
+                "max_share": max_share,
+            },
+            f"recipe {name!r}",
+        )
+        self.client_args = check_client_args(client or ClientArgs(), f"recipe {name!r}: client options")
         if model is None:
             info = dataset_info(self.client_args.dataset)
             model = ModelSpec(
