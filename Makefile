@@ -3,23 +3,31 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedweigh-installed
+DEV_STAMP := $(VENV)/.fedweigh-dev-installed
 
-.PHONY: setup demo test lint jobs clean
+.PHONY: setup dev demo test lint jobs clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $(STAMP)
+
+# the test and lint tools, for `make test` and `make lint` only
+dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $(DEV_STAMP)
 
 demo: setup
 	$(VENV)/bin/fedweigh demo
 
-test: setup
+test: dev
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
-lint: setup
+lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check custom tests benchmarks
 
