@@ -109,11 +109,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     from fedweigh.flare.jobs import export_jobs
 
+    if args.min_clients is not None and args.out is None:
+        raise ValueError(
+            f"--min-clients {args.min_clients} needs --out DIR: {_repo_jobs_dir()} holds the catalogue's "
+            "own jobs, which the tests compare with a fresh export"
+        )
+    out = args.out or str(_repo_jobs_dir())
     for path in export_jobs(
-        args.out, args.names or None, bundle=args.bundle, site_installed=args.site_installed
+        out,
+        args.names or None,
+        bundle=args.bundle,
+        site_installed=args.site_installed,
+        min_clients=args.min_clients,
     ):
         print(f"exported {path}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
@@ -141,7 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
     export = jobs_sub.add_parser("export", help="regenerate job folders from the recipes")
     export.add_argument("names", nargs="*", help="job names (default: all)")
-    export.add_argument("--out", default=str(_repo_jobs_dir()))
+    export.add_argument("--out", default=None, help="output folder (default: the checkout's jobs/)")
+    export.add_argument(
+        "--min-clients",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="sites each job waits for and needs per round (default: the catalogue's, 4); "
+        "e.g. 3 for the shipped 3-hospital project; needs --out",
+    )
     code = export.add_mutually_exclusive_group()
     code.add_argument(
         "--bundle",
