@@ -42,6 +42,8 @@ def test_every_imported_distribution_is_declared_and_every_declared_one_is_used(
     used: set[str] = set()
     for module in _imported_top_modules():
         dists = {d.lower() for d in by_module.get(module, [])}
+        if not dists and module.lower() in declared_or_optional:  # an optional extra not installed here
+            continue
         assert dists, f"fedweigh imports {module!r}, which no installed distribution provides"
         assert dists & set(declared_or_optional), (
             f"fedweigh imports {module!r} ({sorted(dists)}), not declared"

@@ -95,6 +95,14 @@ class _Checker:
             self.fail(name, "must be a non-empty text" + (" or null" if optional else ""))
 
 
+def check_loader_options(source: str, dataset: str, options: Any) -> None:
+    """Loader options a dataset requires (``images_csv``: its label columns, ...)."""
+    if dataset == "images_csv" and isinstance(options, dict):
+        from fedweigh.data.folder import check_options
+
+        check_options(options, source)
+
+
 def check_dataset_path(source: str, dataset: str, data_path: Any, field: str = "data_path") -> None:
     """A dataset that reads files (chestmnist, chexpert) needs a data path."""
     from fedweigh.data.pools import _DATA_PATH_HINT, dataset_info
@@ -118,6 +126,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.text("data_path", optional=True)
     check_dataset_path(source, values["dataset"], values.get("data_path"))
     c.mapping("loader_options")
+    check_loader_options(source, values["dataset"], values["loader_options"])
     c.integer("size", MIN_SIZE)
     c.integer("num_images", 1, optional=True)
     c.integer("seed", 0)
@@ -170,6 +179,7 @@ def check_site_values(values: Mapping[str, Any], source: str) -> None:
     c.text("data_path", optional=True)
     check_dataset_path(source, values["dataset"], values.get("data_path"))
     c.mapping("loader_options")
+    check_loader_options(source, values["dataset"], values["loader_options"])
     c.integer("size", MIN_SIZE)
     c.number("val_fraction", 0.0, 1.0, open_high=True)
     c.integer("seed", 0)

@@ -26,7 +26,7 @@ from nvflare.recipe.spec import Recipe
 from nvflare.recipe.utils import prepare_initial_ckpt
 
 from fedweigh.checks import ConfigError, check_client_args, check_recipe_values
-from fedweigh.data import dataset_info
+from fedweigh.data.pools import dataset_classes
 from fedweigh.flare.controller import FedweighController
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, method_spec
@@ -185,10 +185,10 @@ class FedweighRecipe(Recipe):
             else client or ClientArgs()
         )
         if model is None:
-            info = dataset_info(self.client_args.dataset)
+            classes = dataset_classes(self.client_args.dataset, self.client_args.loader_options)
             model = ModelSpec(
                 arch=self.client_args.arch,
-                num_classes=len(info["class_names"]),
+                num_classes=len(classes),
                 img_size=self.client_args.size,
                 norm=self.client_args.norm,
                 seed=seed,
