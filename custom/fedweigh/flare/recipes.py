@@ -21,7 +21,7 @@ import torch
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.app_opt.pt.job_config.model import PTModel
-from nvflare.job_config.script_runner import ScriptRunner
+from nvflare.job_config.script_runner import FrameworkType, ScriptRunner
 from nvflare.recipe.spec import Recipe
 from nvflare.recipe.utils import prepare_initial_ckpt
 
@@ -206,6 +206,8 @@ class FedweighRecipe(Recipe):
         persistor_id = (
             persistor.get("persistor_id", "persistor") if isinstance(persistor, dict) else "persistor"
         )
+        # what NVFlare's add_cross_site_evaluation(recipe) reads: the framework and the persistor
+        job.comp_ids.update(persistor if isinstance(persistor, dict) else {"persistor_id": persistor_id})
         controller = FedweighController(
             num_rounds=num_rounds,
             min_clients=min_clients,
@@ -229,7 +231,23 @@ class FedweighRecipe(Recipe):
         else:
             runner = ClientScriptRunner(script=str(Path(train_script).resolve()), script_args=train_args)
         job.to_clients(runner)
+        self.he = he
         super().__init__(job)
+
+    @property
+    def framework(self) -> FrameworkType:
+        """PyTorch, for NVFlare's ``add_cross_site_evaluation(recipe)``, which reads it first: under
+        ``he`` the recipe refuses cross-site evaluation here, before anything is added to the job."""
+        _refuse_cross_site_evaluation_under_he(self)
+        return FrameworkType.PYTORCH
+
+
+def _refuse_cross_site_evaluation_under_he(recipe: FedweighRecipe) -> None:
+    if recipe.he:
+        raise ValueError(
+            f"recipe {recipe.name!r}: cross-site evaluation sends every site's model to the others and the "
+            "global model in clear, which he=True keeps from the server; build the recipe without he"
+        )
 
 
 def _client_with_loss(client: ClientArgs | None, loss: str, loss_options: dict | None) -> ClientArgs:
