@@ -38,7 +38,8 @@ def test_cross_site_evaluation_is_refused_under_he_before_anything_is_added(tmp_
 
 @pytest.mark.slow
 def test_cross_site_evaluation_runs_in_the_simulator(tmp_path):
-    """Each site scores the global model and both sites' last local models."""
+    """Each site scores the global model and both sites' last local models; the sites' metrics
+    stream to the server's TensorBoard."""
     client = replace(TINY_CLIENT, scenario="iid-4")
     recipe = FedDRAWRecipe(name="cse_run", min_clients=2, num_rounds=1, client=client)
     add_cross_site_evaluation(recipe)
@@ -51,3 +52,9 @@ def test_cross_site_evaluation_runs_in_the_simulator(tmp_path):
         assert any(k.startswith("SRV_") for k in scores)
         for metrics in scores.values():
             assert 0.0 <= metrics["val_auc"] <= 1.0
+    # the sites' metrics reached the server's TensorBoard folder in its run folder (one per site),
+    # next to the controller's global metrics
+    (server_app,) = (p for p in tmp_path.rglob("app_server") if p.is_dir())
+    for site in ("site-1", "site-2"):
+        assert list((server_app.parent / "tb_events" / site).glob("events.out.tfevents.*")), site
+    assert list((server_app / "tb_events" / "global").glob("events.out.tfevents.*"))

@@ -21,6 +21,7 @@ import torch
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.app_opt.pt.job_config.model import PTModel
+from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.script_runner import FrameworkType, ScriptRunner
 from nvflare.recipe.spec import Recipe
 from nvflare.recipe.utils import prepare_initial_ckpt
@@ -197,7 +198,10 @@ class FedweighRecipe(Recipe):
         loss_needs_stats = (
             train_script is None and loss_uses_global_stats(self.client_args.loss) and statistics != "none"
         )
-        job = BaseFedJob(name=name, min_clients=min_clients, key_metric="val_auc")
+        # the sites' metrics (Client API SummaryWriter) stream to the server's TensorBoard folder
+        job = BaseFedJob(
+            name=name, min_clients=min_clients, key_metric="val_auc", analytics_receiver=TBAnalyticsReceiver()
+        )
         if not bundle:
             job.set_app_packages(["fedweigh"])
         ckpt = prepare_initial_ckpt(initial_ckpt, job)
