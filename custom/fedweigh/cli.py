@@ -73,6 +73,65 @@ def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int |
     return subprocess.call(cmd)
 
 
+def format_progress(row: dict, num_rounds: int | None = None) -> str:
+    """One line per finished round: the global model's scores and the sites' weights."""
+    of = f"/{num_rounds}" if num_rounds else ""
+    parts = [f"round {row['round']}{of}:"]
+    for key, label in (("test_auc", "test AUC"), ("val_auc", "val AUC")):
+        value = row.get(key)
+        if isinstance(value, float) and math.isfinite(value):
+            parts.append(f"{label} {value:.4f}")
+    weights = row.get("weights") or {}
+    if weights:
+        parts.append("weights " + " ".join(f"{k} {v:.2f}" for k, v in sorted(weights.items())))
+    return "  ".join(parts)
+
+
+def _fresh_rows(workspace: Path, since: float) -> list[dict]:
+    """The metric rows the server wrote in this run so far (none from earlier runs; [] while the file
+    is being written)."""
+    import json
+
+    hits = [p for p in workspace.rglob(METRICS_JSON) if p.stat().st_mtime >= since]
+    if not hits:
+        return []
+    try:
+        return list(json.loads(max(hits, key=lambda p: p.stat().st_mtime).read_text()).get("rounds", []))
+    except (OSError, ValueError):
+        return []
+
+
+def run_simulator_with_progress(
+    job_dir: Path, workspace: Path, n_clients: int, log_path: Path, poll_s: float = 2.0
+) -> int:
+    """Run the simulator with its logs in ``log_path`` and print one line per finished round."""
+    cmd = simulator_command(job_dir, workspace, n_clients)
+    num_rounds = None
+    try:
+        import json
+
+        server = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
+        num_rounds = next(w["args"].get("num_rounds") for w in server["workflows"] if w["id"] == "controller")
+    except (OSError, ValueError, StopIteration, KeyError):
+        pass
+    print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
+    print(f"simulator log: {log_path}", flush=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    since = time.time() - 1.0
+    shown = 0
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        while True:
+            rc = proc.poll()
+            rows = [r for r in _fresh_rows(workspace, since) if r.get("round", 0) >= 1]
+            for row in rows[shown:]:
+                print(format_progress(row, num_rounds), flush=True)
+            shown = max(shown, len(rows))
+            if rc is not None:
+                return rc
+            time.sleep(poll_s)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from fedweigh.records import load_rows  # matplotlib: loaded only when a demo runs
 
@@ -81,12 +140,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"error: {job_dir} is not an NVFlare job folder (no meta.json); run `fedweigh jobs export`")
         return 2
     workspace = Path(args.workspace or f"workspaces/demo_{job_dir.name}").resolve()
+    log_path = workspace.parent / f"{workspace.name}.log"
     start = time.perf_counter()
-    rc = run_simulator(job_dir, workspace, args.clients)
+    if args.show_logs:
+        rc = run_simulator(job_dir, workspace, args.clients)
+    else:
+        rc = run_simulator_with_progress(job_dir, workspace, args.clients, log_path)
     wall = time.perf_counter() - start
     app = find_server_app_dir(workspace)
     if rc != 0 or app is None:
-        print(f"error: the simulator run failed (exit code {rc}); see logs under {workspace}")
+        where = workspace if args.show_logs else log_path
+        print(f"error: the simulator run failed (exit code {rc}); see {where}")
         return rc or 1
     rows = load_rows(app / METRICS_JSON)
     print()
@@ -94,7 +158,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(format_round_table(rows))
     final = rows[-1] if rows else {}
     if "test_auc" in final:
-        print(f"\nfinal test macro AUC {final['test_auc']:.4f}, GM {final.get('test_gm', float('nan')):.4f}")
+        print(
+            f"\nfinal test macro AUC {final['test_auc']:.4f}; GM {final.get('test_gm', float('nan')):.4f} at "
+            "threshold 0.5 (geometric mean of sensitivity and specificity; with rare findings few "
+            "probabilities reach 0.5, so GM stays low while AUC, which needs no threshold, ranks the "
+            "model; `fedweigh bench --threshold youden` scores GM at per-finding thresholds chosen on "
+            "validation)"
+        )
     print(f"metrics:  {app / METRICS_JSON} (and {METRICS_CSV})")
     for plot in (WEIGHTS_PLOT, AUC_PLOT):
         if (app / plot).is_file():
@@ -155,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--job", help=f"job folder (default: jobs/{DEFAULT_DEMO_JOB})")
     demo.add_argument("--workspace", help="simulator workspace (default: workspaces/demo_<job>)")
     demo.add_argument("--clients", type=int, default=4)
+    demo.add_argument(
+        "--show-logs",
+        action="store_true",
+        help="stream the simulator's logs instead of one line per round (default: logs go to a file)",
+    )
     demo.set_defaults(func=cmd_demo)
 
     jobs = sub.add_parser("jobs", help="job folders")
