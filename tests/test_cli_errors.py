@@ -72,3 +72,30 @@ def test_config_error_reaches_the_cli_as_one_line(monkeypatch, capsys):
         "error: site data config /x/fedweigh_site.json: size = '64' (str) is not allowed; "
         "must be an integer >= 8"
     )
+
+
+def test_site_check_reports_a_bad_site_config_in_one_line(tmp_path, capsys):
+    config = tmp_path / "fedweigh_site.json"
+    config.write_text('{"dataset": "chestmnist", "data_path": "/data/c.npz", "size": "64"}')
+    assert main(["site", "check", str(config)]) == 2
+    lines = _error_lines(capsys)
+    assert (
+        lines[0]
+        == f"error: site data config {config}: size = '64' (str) is not allowed; must be an integer >= 8"
+    )
+
+
+def test_site_check_finds_the_kit_config_and_loads_the_data(tmp_path, capsys):
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "fedweigh_site.json").write_text('{"dataset": "digits", "num_images": 100}')
+    assert main(["site", "check", "--workspace", str(tmp_path), "--load", "--site-name", "hospital-a"]) == 0
+    out = capsys.readouterr().out
+    assert "fedweigh_site.json: valid (digits, 32 px)" in out
+    assert "hospital-a: 90 training and 10 validation images" in out and "10 classes (multiclass)" in out
+
+
+def test_site_check_without_a_config_says_where_it_looked(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FEDWEIGH_SITE_CONFIG", raising=False)
+    assert main(["site", "check"]) == 2
+    assert "no site data config" in _error_lines(capsys)[0]

@@ -1,4 +1,4 @@
-"""The ``fedweigh`` command line: demo, jobs export, scenarios, bench, explain.
+"""The ``fedweigh`` command line: demo, jobs export, site check, scenarios, bench, explain.
 
 The application's entry point: it assembles the sub-commands of :mod:`fedweigh.flare` (jobs, the
 simulator demo), :mod:`fedweigh.bench` and :mod:`fedweigh.explain`, each imported when its command
@@ -206,6 +206,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def cmd_site_check(args: argparse.Namespace) -> int:
+    """Check a site's data config (and with --load, read its data) before the site starts."""
+    from fedweigh.data.site_config import SiteDataConfig, find_site_config, load_site_from_config
+
+    path = Path(args.config) if args.config else find_site_config(args.workspace)
+    if path is None:
+        raise FileNotFoundError(
+            "no site data config: give its path, or run from the site's kit folder (local/fedweigh_site.json)"
+        )
+    cfg = SiteDataConfig.from_file(path)
+    print(f"{path}: valid ({cfg.dataset}, {cfg.size} px)")
+    if args.load:
+        site, test = load_site_from_config(args.site_name, cfg)
+        print(
+            f"{args.site_name}: {len(site.train)} training and {len(site.val)} validation images, "
+            f"{len(test)} test images, {site.train.num_classes} classes ({site.train.task})"
+        )
+    return 0
+
+
 def cmd_scenarios(args: argparse.Namespace) -> int:
     from fedweigh.data.scenarios import scenario_table
 
@@ -258,6 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="ship no code: for sites that installed fedweigh and added 'fedweigh.' to their class allow-list",
     )
     export.set_defaults(func=cmd_jobs_export)
+
+    site = sub.add_parser("site", help="a deployed site's settings")
+    site_sub = site.add_subparsers(dest="site_command", required=True)
+    check = site_sub.add_parser(
+        "check", help="check a site's data config (local/fedweigh_site.json) before the site starts"
+    )
+    check.add_argument(
+        "config", nargs="?", help="the config file (default: FEDWEIGH_SITE_CONFIG or ./local/)"
+    )
+    check.add_argument("--workspace", help="the site's kit folder to look for local/fedweigh_site.json in")
+    check.add_argument("--load", action="store_true", help="also read the data it names")
+    check.add_argument("--site-name", default="site", help="the site's name in the messages (with --load)")
+    check.set_defaults(func=cmd_site_check)
 
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")
     scen.set_defaults(func=cmd_scenarios)
