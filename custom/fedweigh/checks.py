@@ -150,7 +150,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.choice("optimizer", OPTIMIZERS)
     c.integer("max_steps", 1, optional=True)
     c.integer("threads", 0)
-    for flag in ("eval_test", "channels_last", "keep_optimizer", "amp", "compile"):
+    for flag in ("eval_test", "channels_last", "keep_optimizer", "amp", "compile", "augment"):
         c.boolean(flag)
     if not isinstance(values.get("device"), str) or not _DEVICE.match(values["device"]):
         c.fail("device", "choose auto, cpu, cuda or cuda:N")
@@ -162,6 +162,8 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.choice("dp_mode", DP_MODES)
     c.number("stats_dp_epsilon", optional=True)
     c.number("stats_dp_delta", 0.0, 1.0, open_high=True)
+    if values["augment"] and (values["dp_epsilon"] is not None or values["dp_noise_multiplier"] is not None):
+        c.fail("augment", "DP-SGD trains without augmentation: set augment to false or turn DP-SGD off")
 
 
 def check_client_args(args: Any, source: str = "client options") -> Any:

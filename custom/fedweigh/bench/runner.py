@@ -59,6 +59,8 @@ CONFIG_JSON = "config.json"
 
 #: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
 _NOT_HASHED = ("threads", "eval_test", "compile")
+#: Settings added after cells were stored: in the digest only when on, so stored cells stay valid.
+_HASHED_WHEN_ON = ("augment",)
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,11 @@ def cell_args(config: BenchConfig, scenario: str, seed: int, spec: MethodSpec) -
 def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) -> str:
     """A digest of everything that determines a cell's numbers (a stored cell is reused only if equal)."""
     spec = parse_method(method)
-    args = {k: v for k, v in asdict(cell_args(config, scenario, seed, spec)).items() if k not in _NOT_HASHED}
+    args = {
+        k: v
+        for k, v in asdict(cell_args(config, scenario, seed, spec)).items()
+        if k not in _NOT_HASHED and not (k in _HASHED_WHEN_ON and not v)
+    }
     payload = {
         "client": args,
         "rounds": config.rounds,
