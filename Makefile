@@ -3,28 +3,36 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedweigh-installed
+DEV_STAMP := $(VENV)/.fedweigh-dev-installed
 
-.PHONY: setup demo test test-fast lint jobs clean
+.PHONY: setup dev demo test test-fast lint jobs clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $(STAMP)
+
+# the test and lint tools, for `make test` and `make lint` only
+dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $(DEV_STAMP)
 
 demo: setup
 	$(VENV)/bin/fedweigh demo
 
 # the whole suite on two workers (docs/testing.md): the simulator and federation runs spread over both
-test: setup
+test: dev
 	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 # the unit tests only: no simulator, no provisioned federation, no multi-epoch training
-test-fast: setup
+test-fast: dev
 	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
 
-lint: setup
+lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check custom tests benchmarks
 

@@ -50,7 +50,7 @@ def test_site_config_env_must_exist(tmp_path, monkeypatch):
         ('{"data_path": "/x"}', "dataset"),
         ('{"dataset": "x", "size2": 1}', "size2"),
         ("[1]", "JSON object"),
-        ('{"dataset": "x", "val_fraction": 1.5}', "val_fraction"),
+        ('{"dataset": "synthcxr", "val_fraction": 1.5}', "val_fraction"),
     ],
 )
 def test_bad_site_config_names_file_and_field(tmp_path, content, message):

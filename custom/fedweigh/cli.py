@@ -1,4 +1,4 @@
-"""The ``fedweigh`` command line: demo, jobs export, scenarios, bench, explain.
+"""The ``fedweigh`` command line: demo, jobs export, site check, scenarios, bench, explain.
 
 The application's entry point: it assembles the sub-commands of :mod:`fedweigh.flare` (jobs, the
 simulator demo), :mod:`fedweigh.bench` and :mod:`fedweigh.explain`, each imported when its command
@@ -13,11 +13,22 @@ import os
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
 
 DEFAULT_DEMO_JOB = "synthcxr_feddraw"
+
+
+def package_version() -> str:
+    """The installed distribution's version, else the package's ``__version__``."""
+    try:
+        return metadata.version("fedweigh")
+    except metadata.PackageNotFoundError:
+        from fedweigh import __version__
+
+        return __version__
 
 
 def _repo_jobs_dir() -> Path:
@@ -62,6 +73,65 @@ def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int |
     return subprocess.call(cmd)
 
 
+def format_progress(row: dict, num_rounds: int | None = None) -> str:
+    """One line per finished round: the global model's scores and the sites' weights."""
+    of = f"/{num_rounds}" if num_rounds else ""
+    parts = [f"round {row['round']}{of}:"]
+    for key, label in (("test_auc", "test AUC"), ("val_auc", "val AUC")):
+        value = row.get(key)
+        if isinstance(value, float) and math.isfinite(value):
+            parts.append(f"{label} {value:.4f}")
+    weights = row.get("weights") or {}
+    if weights:
+        parts.append("weights " + " ".join(f"{k} {v:.2f}" for k, v in sorted(weights.items())))
+    return "  ".join(parts)
+
+
+def _fresh_rows(workspace: Path, since: float) -> list[dict]:
+    """The metric rows the server wrote in this run so far (none from earlier runs; [] while the file
+    is being written)."""
+    import json
+
+    hits = [p for p in workspace.rglob(METRICS_JSON) if p.stat().st_mtime >= since]
+    if not hits:
+        return []
+    try:
+        return list(json.loads(max(hits, key=lambda p: p.stat().st_mtime).read_text()).get("rounds", []))
+    except (OSError, ValueError):
+        return []
+
+
+def run_simulator_with_progress(
+    job_dir: Path, workspace: Path, n_clients: int, log_path: Path, poll_s: float = 2.0
+) -> int:
+    """Run the simulator with its logs in ``log_path`` and print one line per finished round."""
+    cmd = simulator_command(job_dir, workspace, n_clients)
+    num_rounds = None
+    try:
+        import json
+
+        server = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
+        num_rounds = next(w["args"].get("num_rounds") for w in server["workflows"] if w["id"] == "controller")
+    except (OSError, ValueError, StopIteration, KeyError):
+        pass
+    print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
+    print(f"simulator log: {log_path}", flush=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    since = time.time() - 1.0
+    shown = 0
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        while True:
+            rc = proc.poll()
+            rows = [r for r in _fresh_rows(workspace, since) if r.get("round", 0) >= 1]
+            for row in rows[shown:]:
+                print(format_progress(row, num_rounds), flush=True)
+            shown = max(shown, len(rows))
+            if rc is not None:
+                return rc
+            time.sleep(poll_s)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from fedweigh.records import load_rows  # matplotlib: loaded only when a demo runs
 
@@ -70,12 +140,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"error: {job_dir} is not an NVFlare job folder (no meta.json); run `fedweigh jobs export`")
         return 2
     workspace = Path(args.workspace or f"workspaces/demo_{job_dir.name}").resolve()
+    log_path = workspace.parent / f"{workspace.name}.log"
     start = time.perf_counter()
-    rc = run_simulator(job_dir, workspace, args.clients)
+    if args.show_logs:
+        rc = run_simulator(job_dir, workspace, args.clients)
+    else:
+        rc = run_simulator_with_progress(job_dir, workspace, args.clients, log_path)
     wall = time.perf_counter() - start
     app = find_server_app_dir(workspace)
     if rc != 0 or app is None:
-        print(f"error: the simulator run failed (exit code {rc}); see logs under {workspace}")
+        where = workspace if args.show_logs else log_path
+        print(f"error: the simulator run failed (exit code {rc}); see {where}")
         return rc or 1
     rows = load_rows(app / METRICS_JSON)
     print()
@@ -83,7 +158,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(format_round_table(rows))
     final = rows[-1] if rows else {}
     if "test_auc" in final:
-        print(f"\nfinal test macro AUC {final['test_auc']:.4f}, GM {final.get('test_gm', float('nan')):.4f}")
+        print(
+            f"\nfinal test macro AUC {final['test_auc']:.4f}; GM {final.get('test_gm', float('nan')):.4f} at "
+            "threshold 0.5 (geometric mean of sensitivity and specificity; with rare findings few "
+            "probabilities reach 0.5, so GM stays low while AUC, which needs no threshold, ranks the "
+            "model; `fedweigh bench --threshold youden` scores GM at per-finding thresholds chosen on "
+            "validation)"
+        )
     print(f"metrics:  {app / METRICS_JSON} (and {METRICS_CSV})")
     for plot in (WEIGHTS_PLOT, AUC_PLOT):
         if (app / plot).is_file():
@@ -98,10 +179,50 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     from fedweigh.flare.jobs import export_jobs
 
+    if args.min_clients is not None and args.out is None:
+        raise ValueError(
+            f"--min-clients {args.min_clients} needs --out DIR: {_repo_jobs_dir()} holds the catalogue's "
+            "own jobs, which the tests compare with a fresh export"
+        )
+    out = args.out or str(_repo_jobs_dir())
     for path in export_jobs(
-        args.out, args.names or None, bundle=args.bundle, site_installed=args.site_installed
+        out,
+        args.names or None,
+        bundle=args.bundle,
+        site_installed=args.site_installed,
+        min_clients=args.min_clients,
     ):
         print(f"exported {path}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def cmd_site_check(args: argparse.Namespace) -> int:
+    """Check a site's data config (and with --load, read its data) before the site starts."""
+    from fedweigh.data.site_config import SiteDataConfig, find_site_config, load_site_from_config
+
+    path = Path(args.config) if args.config else find_site_config(args.workspace)
+    if path is None:
+        raise FileNotFoundError(
+            "no site data config: give its path, or run from the site's kit folder (local/fedweigh_site.json)"
+        )
+    cfg = SiteDataConfig.from_file(path)
+    print(f"{path}: valid ({cfg.dataset}, {cfg.size} px)")
+    if args.load:
+        site, test = load_site_from_config(args.site_name, cfg)
+        print(
+            f"{args.site_name}: {len(site.train)} training and {len(site.val)} validation images, "
+            f"{len(test)} test images, {site.train.num_classes} classes ({site.train.task})"
+        )
     return 0
 
 
@@ -114,6 +235,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedweigh", description=__doc__)
+    p.add_argument("--version", action="version", version=f"fedweigh {package_version()}")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -122,13 +245,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--job", help=f"job folder (default: jobs/{DEFAULT_DEMO_JOB})")
     demo.add_argument("--workspace", help="simulator workspace (default: workspaces/demo_<job>)")
     demo.add_argument("--clients", type=int, default=4)
+    demo.add_argument(
+        "--show-logs",
+        action="store_true",
+        help="stream the simulator's logs instead of one line per round (default: logs go to a file)",
+    )
     demo.set_defaults(func=cmd_demo)
 
     jobs = sub.add_parser("jobs", help="job folders")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
     export = jobs_sub.add_parser("export", help="regenerate job folders from the recipes")
     export.add_argument("names", nargs="*", help="job names (default: all)")
-    export.add_argument("--out", default=str(_repo_jobs_dir()))
+    export.add_argument("--out", default=None, help="output folder (default: the checkout's jobs/)")
+    export.add_argument(
+        "--min-clients",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="sites each job waits for and needs per round (default: the catalogue's, 4); "
+        "e.g. 3 for the shipped 3-hospital project; needs --out",
+    )
     code = export.add_mutually_exclusive_group()
     code.add_argument(
         "--bundle",
@@ -143,6 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(func=cmd_jobs_export)
 
+    site = sub.add_parser("site", help="a deployed site's settings")
+    site_sub = site.add_subparsers(dest="site_command", required=True)
+    check = site_sub.add_parser(
+        "check", help="check a site's data config (local/fedweigh_site.json) before the site starts"
+    )
+    check.add_argument(
+        "config", nargs="?", help="the config file (default: FEDWEIGH_SITE_CONFIG or ./local/)"
+    )
+    check.add_argument("--workspace", help="the site's kit folder to look for local/fedweigh_site.json in")
+    check.add_argument("--load", action="store_true", help="also read the data it names")
+    check.add_argument("--site-name", default="site", help="the site's name in the messages (with --load)")
+    check.set_defaults(func=cmd_site_check)
+
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")
     scen.set_defaults(func=cmd_scenarios)
 
@@ -154,10 +303,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def error_line(exc: BaseException) -> str:
+    """``error: <message>`` on one line (a KeyError's message without its quotes)."""
+    message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    message = " ".join(str(message).split()) or type(exc).__name__
+    return f"error: {message}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; an error prints one line (``--debug`` shows the traceback) and returns 2."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(error_line(exc), file=sys.stderr)
+        print("(run with --debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

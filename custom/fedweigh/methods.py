@@ -22,6 +22,7 @@ A method label may carry scheme options after a colon, for sensitivity studies::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Literal
@@ -136,7 +137,17 @@ def method_spec(name: str, scheme_args: dict | None = None, loss_options: dict |
         raise ValueError(f"unknown method {name!r}; known: {', '.join(ALL_METHODS)}")
     method = METHODS[name]
     options = dict(scheme_args or {})
-    get_scheme(method.scheme, **options)  # fails here, naming the scheme's options, on a bad option
+    known = sorted(f.name for f in dataclasses.fields(SCHEMES[method.scheme]) if f.init)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"method {name!r}: unknown option(s) {', '.join(unknown)} of scheme {method.scheme!r}; "
+            f"its options: {', '.join(known)}"
+        )
+    try:
+        get_scheme(method.scheme, **options)  # fails here, naming the scheme's options, on a bad option
+    except TypeError as e:
+        raise ValueError(f"method {name!r}: {e}") from None
     return MethodSpec(
         label=name,
         kind="federated",

@@ -17,23 +17,50 @@ def _pyplot():
     return plt
 
 
+def site_colours(n: int) -> list:
+    """``n`` distinct colours: tab10 up to 10 sites, tab20 up to 20, a continuous map beyond."""
+    plt = _pyplot()
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return list(plt.get_cmap("viridis")(np.linspace(0.0, 1.0, n)))
+
+
 def plot_client_weights(
-    rounds: Sequence[int], weights: Sequence[Mapping[str, float]], path: str | Path, title: str = ""
+    rounds: Sequence[int],
+    weights: Sequence[Mapping[str, float]],
+    path: str | Path,
+    title: str = "",
+    reference: Mapping[str, float] | None = None,
 ) -> Path:
-    """Stacked area of each site's aggregation weight per round (one band per site).
+    """Stacked area of each site's aggregation weight per round (one band, one colour per site).
 
     Sites absent from a round (partial participation) contribute 0 there. Weights that do not sum to
-    one (FedNova acts on deltas with an effective step) are drawn as given.
+    one (FedNova acts on deltas with an effective step) are drawn as given. ``reference`` (e.g. the
+    sites' N_k / N) is drawn as dashed band edges, the weights plain FedAvg would give. Rounds are
+    whole numbers on the axis.
     """
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
-    sites = sorted({s for w in weights for s in w}, key=_site_key)
+    sites = sorted({s for w in weights for s in w} | set(reference or {}), key=_site_key)
     matrix = np.array([[float(w.get(s, 0.0)) for w in weights] for s in sites])
+    colours = site_colours(len(sites))
     fig, ax = plt.subplots(figsize=(7, 4))
     if len(sites) > 20:
-        ax.stackplot(rounds, matrix)
+        ax.stackplot(rounds, matrix, colors=colours)
     else:
-        ax.stackplot(rounds, matrix, labels=sites)
+        ax.stackplot(rounds, matrix, labels=sites, colors=colours)
+    if reference:
+        edges = np.cumsum([float(reference.get(s, 0.0)) for s in sites])
+        for i, edge in enumerate(edges[:-1]):
+            ax.axhline(
+                edge, color="black", linestyle="--", linewidth=0.9, label="N_k / N" if i == 0 else None
+            )
+    if len(sites) <= 20 or reference:
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("aggregation weight")
     ax.set_xlim(min(rounds), max(rounds)) if len(rounds) > 1 else None
@@ -56,8 +83,11 @@ def plot_metric_by_round(
     """One line per series (e.g. test AUC, test GM) against the round."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
+    from matplotlib.ticker import MaxNLocator
+
     for name, values in series.items():
         ax.plot(rounds, values, marker="o", label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedweigh.arrays import to_numpy_dict
+from fedweigh.checks import check_client_args
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.losses import LossContext, build_loss
 from fedweigh.models import build_model
@@ -71,6 +72,9 @@ class ClientArgs:
     amp: bool = False
     #: torch.compile the model for training (pays a one-off compilation, amortised over long runs).
     compile: bool = False
+    #: Light label-preserving augmentation of the training batches (fedweigh.train.augment_batch:
+    #: shifts up to 1/16 of the side, intensity scale and offset; no flips). Not with DP-SGD.
+    augment: bool = False
     #: DP-SGD (fedweigh.secure.dp_config.DPConfig): on when dp_epsilon (total over the job) or dp_noise_multiplier is set.
     dp_epsilon: float | None = None
     dp_delta: float = 1e-5
@@ -146,6 +150,12 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=defaults.amp)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=defaults.compile)
     p.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.augment,
+        help="shift and intensity augmentation of the training batches",
+    )
+    p.add_argument(
         "--dp-epsilon", type=float, default=None, help="DP-SGD: total epsilon over the job's rounds"
     )
     p.add_argument("--dp-delta", type=float, default=defaults.dp_delta)
@@ -162,7 +172,7 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     )
     p.add_argument("--stats-dp-delta", type=float, default=defaults.stats_dp_delta)
     ns = p.parse_args(argv)
-    return ClientArgs(**vars(ns))
+    return check_client_args(ClientArgs(**vars(ns)), "client script arguments")
 
 
 def build_site_model(args: ClientArgs, data: LabeledImages) -> torch.nn.Module:
@@ -310,6 +320,7 @@ class SiteTrainer:
             seed=round_seed,
             device=self.device,
             amp=self.args.amp,
+            augment=self.args.augment,
         )
         dp_config = DPConfig.from_args(self.args)
         self.dp_report = None

@@ -41,8 +41,42 @@ def plot_cd_diagram(comparison: Comparison, path: str | Path, title: str) -> Pat
     k = len(comparison.ranks)
     fig, ax = plt.subplots(figsize=(8, 1.6 + 0.25 * k))
     sp.critical_difference_diagram(comparison.ranks, comparison.pvalues, cd=comparison.cd, ax=ax)
+    lift_cd_bar(ax)
     ax.set_title(title)
     return _save(fig, path)
+
+
+def lift_cd_bar(ax) -> None:
+    """Move the CD interval and its label above the rank axis' tick labels, which the library draws
+    them across; the axes grow upwards to make room."""
+    fig = ax.figure
+    bar = [line for line in ax.lines if len(line.get_ydata()) == 2 and min(line.get_ydata()) > 0]
+    text = [t for t in ax.texts if t.get_text().startswith("CD")]
+    if not bar:
+        return
+    points = fig.dpi / 72.0
+    for _ in range(4):  # the data scale changes with the limits: settle in a few passes
+        renderer = fig.canvas.get_renderer()
+        labels = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        if not labels:
+            return
+        top = max(b.y1 for b in labels)  # display coordinates
+
+        def data_y(display_y: float) -> float:
+            return float(ax.transData.inverted().transform((0.0, display_y))[1])
+
+        y_bar = data_y(top + 4 * points)
+        for line in bar:
+            line.set_ydata([y_bar, y_bar])
+        needed = y_bar
+        for t in text:
+            t.set_verticalalignment("bottom")
+            t.set_position((t.get_position()[0], data_y(top + 6 * points)))
+            needed = data_y(t.get_window_extent(renderer).y1 + 2 * points)
+        low, high = ax.get_ylim()
+        if needed <= high:
+            return
+        ax.set_ylim(low, needed + 0.05 * (needed - low))
 
 
 def plot_metric_curves(

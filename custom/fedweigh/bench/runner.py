@@ -39,6 +39,7 @@ from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell, store_cell
 from fedweigh.bench.profiles import THRESHOLDS, get_profile
 from fedweigh.bench.report import write_outputs
 from fedweigh.bench.sites import make_sites
+from fedweigh.checks import ConfigError, check_client_args, check_dataset_path
 from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
 from fedweigh.data.scenarios import get_scenario
@@ -58,6 +59,8 @@ CONFIG_JSON = "config.json"
 
 #: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
 _NOT_HASHED = ("threads", "eval_test", "compile")
+#: Settings added after cells were stored: in the digest only when on, so stored cells stay valid.
+_HASHED_WHEN_ON = ("augment",)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,12 @@ def make_config(
         raise ValueError(f"threshold must be one of {THRESHOLDS}, got {threshold!r}")
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}")
-    client = prof.client_args(dataset, data_path=data_path, **client_overrides)
+    if data_path is not None and not Path(os.path.expandvars(str(data_path))).exists():
+        raise ConfigError("bench", "--data", data_path, "no such file or folder")
+    check_dataset_path("bench", dataset, data_path, field="--data")
+    client = check_client_args(
+        prof.client_args(dataset, data_path=data_path, **client_overrides), "bench client settings"
+    )
     methods = tuple(methods or prof.default_methods())
     scenarios = tuple(scenarios or prof.default_scenarios())
     seeds = tuple(int(s) for s in (seeds if seeds is not None else prof.seeds))
@@ -177,7 +185,11 @@ def cell_args(config: BenchConfig, scenario: str, seed: int, spec: MethodSpec) -
 def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) -> str:
     """A digest of everything that determines a cell's numbers (a stored cell is reused only if equal)."""
     spec = parse_method(method)
-    args = {k: v for k, v in asdict(cell_args(config, scenario, seed, spec)).items() if k not in _NOT_HASHED}
+    args = {
+        k: v
+        for k, v in asdict(cell_args(config, scenario, seed, spec)).items()
+        if k not in _NOT_HASHED and not (k in _HASHED_WHEN_ON and not v)
+    }
     payload = {
         "client": args,
         "rounds": config.rounds,

@@ -21,7 +21,7 @@ from fedweigh.data.digits import DIGIT_CLASSES, load_digits_dataset
 from fedweigh.data.synthcxr import load_synthcxr
 
 #: Known dataset names, in the order the CLI lists them.
-DATASETS: tuple[str, ...] = ("synthcxr", "chestmnist", "chexpert", "digits")
+DATASETS: tuple[str, ...] = ("synthcxr", "chestmnist", "chexpert", "digits", "images_csv")
 
 #: SynthCXR pool size when ``num_images`` is not given; its test set has a fifth as many images.
 SYNTHCXR_DEFAULT_IMAGES = 20_000
@@ -54,9 +54,17 @@ _INFO: dict[str, dict[str, Any]] = {
         "needs_data_path": False,
         "description": "scikit-learn digits (1797 images, 8x8 up-sampled), 20% stratified test hold-out",
     },
+    "images_csv": {
+        "task": "multilabel",
+        "class_names": (),
+        "needs_data_path": True,
+        "description": "your folder of PNG/JPEG/DICOM images with a CSV of labels (MONAI transforms); "
+        "classes from loader_options.label_columns",
+    },
 }
 
 _DATA_PATH_HINT = {
+    "images_csv": "the CSV file naming the images and their labels",
     "chestmnist": "the ChestMNIST .npz file (e.g. chestmnist_64.npz) or the folder holding it",
     "chexpert": "the CheXpert folder holding train.csv and valid.csv (e.g. .../CheXpert-v1.0-small)",
 }
@@ -78,6 +86,15 @@ def dataset_info(name: str) -> dict[str, Any]:
     info["name"] = name
     info["num_classes"] = len(info["class_names"])
     return info
+
+
+def dataset_classes(name: str, loader_options: dict | None = None) -> tuple[str, ...]:
+    """The class names of ``name`` as loaded with ``loader_options`` (``images_csv``: from its options)."""
+    if name == "images_csv":
+        from fedweigh.data.folder import class_names_of
+
+        return class_names_of(loader_options or {})
+    return tuple(dataset_info(name)["class_names"])
 
 
 def find_medmnist_file(path: str | Path, size: int, stem: str = "chestmnist") -> Path:
@@ -167,6 +184,10 @@ def load_pool(
         )
         cap = None if num_images is None else max(1, num_images // 5)
         return pool, _subsample(splits["test"], cap, np.random.default_rng([0, 6]))
+    if dataset == "images_csv":
+        from fedweigh.data.folder import load_images_csv
+
+        return load_images_csv(data_path, size=size, seed=seed, num_images=num_images, **options)
     if dataset == "chexpert":
         pool = load_chexpert(data_path, "train", size=size, max_images=num_images, **options)
         return pool, load_chexpert(data_path, "valid", size=size, **options)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedweigh.checks import ConfigError, check_site_values
 from fedweigh.data import build_federation, load_pool
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.protocol import SITE_CONFIG_ENV, SITE_CONFIG_FILE
@@ -48,14 +49,13 @@ class SiteDataConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"site data config {path}: unknown field(s) {unknown}; known: {sorted(known)}")
-        if "dataset" not in raw:
-            raise ValueError(f"site data config {path}: missing required field 'dataset'")
-        cfg = cls(**raw)
-        if not 0.0 < cfg.val_fraction < 1.0:
-            raise ValueError(
-                f"site data config {path}: val_fraction must be in (0, 1), got {cfg.val_fraction}"
+            raise ConfigError(
+                f"site data config {path}", "field(s)", unknown, f"known fields: {', '.join(sorted(known))}"
             )
+        if "dataset" not in raw:
+            raise ConfigError(f"site data config {path}", "dataset", None, "the field is required")
+        cfg = cls(**raw)
+        check_site_values(vars(cfg), f"site data config {path}")
         return cfg
 
 

@@ -7,7 +7,9 @@ It dispatches on ``flare.get_task_name()``:
   (:mod:`fedweigh.train`), send FULL parameters with ``NUM_STEPS_CURRENT_ROUND``, the sample count
   and the scalars the server's scheme asked for;
 - ``validate``: evaluate the received global model only;
-- ``stats``: answer the label-statistics phase (see :mod:`fedweigh.flare.statistics`).
+- ``stats``: answer the label-statistics phase (see :mod:`fedweigh.flare.statistics`);
+- ``submit_model`` (cross-site evaluation, ``add_cross_site_evaluation(recipe)``): send this site's
+  last local model; the models it is sent to validate are scored like ``validate``.
 
 When a task's meta carries the HE layout (``fedweigh_he``, :mod:`fedweigh.secure.updates`), the
 site decrypts the global model it receives (round 1: plaintext) with its client context, keeps the
@@ -133,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     writer = SummaryWriter()
     logger.info("%s: site policy from %s: %s", site_name, policy.source, policy.as_dict())
     refused = policy.job_refusal(args)  # once refused, every task of the job is
+    last_local = None  # the model this site trained last (sent for cross-site evaluation)
 
     while flare.is_running():
         input_model = flare.receive()
@@ -171,6 +174,13 @@ def main(argv: list[str] | None = None) -> None:
             flare.send(answer)
             continue
 
+        if flare.is_submit_model():  # cross-site evaluation: this site's last local model
+            local = last_local if last_local is not None else get_params(trainer.model)
+            flare.send(
+                FLModel(params={k: torch.as_tensor(v) for k, v in local.items()}, params_type=ParamsType.FULL)
+            )
+            continue
+
         if task != TASK_TRAIN:
             if input_model.params:
                 set_params(trainer.model, input_model.params)
@@ -189,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
             logger.error("%s refuses this job: %s", site_name, refused)
             flare.send(refusal_model(refused))
             continue
+        last_local = None if he_meta else out.params
         if he_meta:
             params = _he_encode(he_ctx, out.params, input_model.params, he_layout)
         else:

@@ -48,12 +48,12 @@ CHEXPERT_CLIENT = ClientArgs(
 
 
 def _job(method: str, client: ClientArgs, rounds: int, sites: int, **recipe_options) -> Callable:
-    def make(name: str, bundle: bool = False) -> MethodRecipe:
+    def make(name: str, bundle: bool = False, min_clients: int | None = None) -> MethodRecipe:
         return MethodRecipe(
             method=method,
             name=name,
             num_rounds=rounds,
-            min_clients=sites,
+            min_clients=sites if min_clients is None else min_clients,
             client=client,
             bundle=bundle,
             **recipe_options,
@@ -65,7 +65,7 @@ def _job(method: str, client: ClientArgs, rounds: int, sites: int, **recipe_opti
 #: The methods with one SynthCXR job each: every method of the catalogue.
 METHODS = FEDERATED_METHODS
 
-#: job folder name -> factory(name) -> Recipe
+#: job folder name -> factory(name, bundle=False, min_clients=None) -> Recipe
 JOB_CATALOGUE: dict[str, Callable] = {
     **{f"synthcxr_{m}": _job(m, SYNTHCXR_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES) for m in METHODS},
     # privacy-hardened variants: FedDRAW with encrypted model updates (the sites report their
@@ -194,21 +194,31 @@ def export_jobs(
     names: list[str] | None = None,
     bundle: bool = False,
     site_installed: bool = False,
+    min_clients: int | None = None,
 ) -> list[Path]:
     """Export the catalogue's jobs into ``out_dir`` (each folder replaced whole).
 
     ``bundle=True`` writes bring-your-own-code jobs with the whole fedweigh package under each app's
     ``custom/``; ``site_installed=True`` writes jobs without code for allow-listed sites.
+    ``min_clients`` sets the sites each job waits for and needs per round (default: the catalogue's,
+    sized for the simulation), e.g. 3 for the three hospitals of ``provisioning/project.yml``.
     """
     if bundle and site_installed:
         raise ValueError("choose one code deployment: bundle=True or site_installed=True, not both")
+    if min_clients is not None and (
+        isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1
+    ):
+        raise ValueError(f"min_clients must be an integer >= 1, got {min_clients!r}")
     names = names or sorted(JOB_CATALOGUE)
     unknown = [n for n in names if n not in JOB_CATALOGUE]
     if unknown:
         raise KeyError(f"unknown job(s) {unknown}; known: {sorted(JOB_CATALOGUE)}")
     return [
         export_recipe(
-            JOB_CATALOGUE[name](name, bundle=bundle), out_dir, bundle=bundle, site_installed=site_installed
+            JOB_CATALOGUE[name](name, bundle=bundle, min_clients=min_clients),
+            out_dir,
+            bundle=bundle,
+            site_installed=site_installed,
         )
         for name in names
     ]

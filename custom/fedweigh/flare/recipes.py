@@ -17,13 +17,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import torch
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.app_opt.pt.job_config.model import PTModel
-from nvflare.job_config.script_runner import ScriptRunner
+from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+from nvflare.job_config.script_runner import FrameworkType, ScriptRunner
 from nvflare.recipe.spec import Recipe
+from nvflare.recipe.utils import prepare_initial_ckpt
 
-from fedweigh.data import dataset_info
+from fedweigh.checks import ConfigError, check_client_args, check_recipe_values
+from fedweigh.data.pools import dataset_classes
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, method_spec
@@ -84,7 +88,9 @@ class FedweighRecipe(Recipe):
         num_rounds: training rounds.
         min_clients: sites needed to start and the minimum valid results per round.
         client: arguments of the client script (dataset, scenario, model, loss, local training).
-        model: the global model; derived from ``client`` when omitted.
+        model: the global model: any ``torch.nn.Module`` (MONAI networks included), NVFlare's dict
+            form ``{"path": "pkg.Class", "args": {...}}``, or a :class:`ModelSpec`; derived from
+            ``client`` when omitted (fedweigh's client script only).
         sample_fraction: fraction of sites sampled per round.
         statistics: label-statistics exchange: ``"none"``, ``"plain"`` or ``"secure"``.
         train_timeout: seconds to wait for a task's results; a silent site is left out of that
@@ -107,6 +113,13 @@ class FedweighRecipe(Recipe):
             for schemes that need plaintext client models: IDA, FedAWA, FedAdp, FedDRAW with
             similarity="delta". Keys: HEBuilder contexts in POC/provisioned kits, simulation keys
             in the simulator.
+        train_script: your own Client API script instead of fedweigh's (bring your own training, as
+            NVFlare's ``FedAvgRecipe``); it must report the meta the scheme reads
+            (:mod:`fedweigh.flare.byo`). ``client`` is then not used; ``model`` is required.
+        train_args: the command-line arguments of ``train_script``.
+        initial_ckpt: a PyTorch checkpoint (state dict) the global model starts from, as in NVFlare's
+            recipes: a relative path is a local file shipped in the job, an absolute path a file on
+            the server.
         he_layers: with ``he``, encrypt only the floating-point arrays matching these glob patterns
             or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear
             (docs/privacy.md states what that reveals). None: encrypt all of them.
@@ -121,7 +134,7 @@ class FedweighRecipe(Recipe):
         num_rounds: int = 5,
         min_clients: int = 2,
         client: ClientArgs | None = None,
-        model: ModelSpec | None = None,
+        model: ModelSpec | torch.nn.Module | dict | None = None,
         sample_fraction: float = 1.0,
         statistics: str = "none",
         train_timeout: int = DEFAULT_TRAIN_TIMEOUT,
@@ -135,26 +148,82 @@ class FedweighRecipe(Recipe):
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
         min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
         min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
+        train_script: str | None = None,
+        train_args: str = "",
+        initial_ckpt: str | None = None,
     ):
-        self.client_args = client or ClientArgs()
+        check_recipe_values(
+            {
+                "name": name,
+                "num_rounds": num_rounds,
+                "min_clients": min_clients,
+                "sample_fraction": sample_fraction,
+                "statistics": statistics,
+                "train_timeout": train_timeout,
+                "max_share": max_share,
+            },
+            f"recipe {name!r}",
+        )
+        self.train_script = train_script
+        if train_script is not None:
+            if not Path(train_script).is_file():
+                raise ConfigError(f"recipe {name!r}", "train_script", train_script, "no such file")
+            if model is None:
+                raise ConfigError(
+                    f"recipe {name!r}",
+                    "model",
+                    None,
+                    "with train_script, pass the global model (an nn.Module, {'path': ..., 'args': ...} "
+                    "or a ModelSpec)",
+                )
+            if he:
+                raise ConfigError(
+                    f"recipe {name!r}", "he", he, "encrypted updates need fedweigh's client script"
+                )
+        if (
+            initial_ckpt is not None
+            and not Path(initial_ckpt).is_absolute()
+            and not Path(initial_ckpt).is_file()
+        ):
+            raise ConfigError(
+                f"recipe {name!r}",
+                "initial_ckpt",
+                initial_ckpt,
+                "a relative path must name an existing local file (shipped in the job); "
+                "an absolute path names a file on the server",
+            )
+        self.client_args = (
+            check_client_args(client or ClientArgs(), f"recipe {name!r}: client options")
+            if train_script is None
+            else client or ClientArgs()
+        )
         if model is None:
-            info = dataset_info(self.client_args.dataset)
+            classes = dataset_classes(self.client_args.dataset, self.client_args.loader_options)
             model = ModelSpec(
                 arch=self.client_args.arch,
-                num_classes=len(info["class_names"]),
+                num_classes=len(classes),
                 img_size=self.client_args.size,
                 norm=self.client_args.norm,
                 seed=seed,
             )
         self.model_spec = model
-        loss_needs_stats = loss_uses_global_stats(self.client_args.loss) and statistics != "none"
-        job = BaseFedJob(name=name, min_clients=min_clients, key_metric="val_auc")
+        loss_needs_stats = (
+            train_script is None and loss_uses_global_stats(self.client_args.loss) and statistics != "none"
+        )
+        # the sites' metrics (Client API SummaryWriter) stream to the server's TensorBoard folder
+        job = BaseFedJob(
+            name=name, min_clients=min_clients, key_metric="val_auc", analytics_receiver=TBAnalyticsReceiver()
+        )
         if not bundle:
             job.set_app_packages(["fedweigh"])
-        persistor = job.to_server(PTModel(model=model.as_job_model()), id="persistor")
+        ckpt = prepare_initial_ckpt(initial_ckpt, job)
+        job_model = model.as_job_model() if isinstance(model, ModelSpec) else model
+        persistor = job.to_server(PTModel(model=job_model, initial_ckpt=ckpt), id="persistor")
         persistor_id = (
             persistor.get("persistor_id", "persistor") if isinstance(persistor, dict) else "persistor"
         )
+        # what NVFlare's add_cross_site_evaluation(recipe) reads: the framework and the persistor
+        job.comp_ids.update(persistor if isinstance(persistor, dict) else {"persistor_id": persistor_id})
         controller = FedweighController(
             num_rounds=num_rounds,
             min_clients=min_clients,
@@ -176,8 +245,28 @@ class FedweighRecipe(Recipe):
             min_update_cosine=min_update_cosine,
         )
         job.to_server(controller, id="controller")
-        job.to_clients(ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv()))
+        if train_script is None:
+            runner = ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv())
+        else:
+            runner = ClientScriptRunner(script=str(Path(train_script).resolve()), script_args=train_args)
+        job.to_clients(runner)
+        self.he = he
         super().__init__(job)
+
+    @property
+    def framework(self) -> FrameworkType:
+        """PyTorch, for NVFlare's ``add_cross_site_evaluation(recipe)``, which reads it first: under
+        ``he`` the recipe refuses cross-site evaluation here, before anything is added to the job."""
+        _refuse_cross_site_evaluation_under_he(self)
+        return FrameworkType.PYTORCH
+
+
+def _refuse_cross_site_evaluation_under_he(recipe: FedweighRecipe) -> None:
+    if recipe.he:
+        raise ValueError(
+            f"recipe {recipe.name!r}: cross-site evaluation sends every site's model to the others and the "
+            "global model in clear, which he=True keeps from the server; build the recipe without he"
+        )
 
 
 def _client_with_loss(client: ClientArgs | None, loss: str, loss_options: dict | None) -> ClientArgs:
@@ -214,7 +303,13 @@ class MethodRecipe(FedweighRecipe):
     ):
         spec = method_spec(method, scheme_args, loss_options)
         if statistics is None:
-            statistics = "secure" if spec.needs_statistics() else "none"
+            # with the user's own script, only the scheme (not fedweigh's loss) can need the histogram
+            needed = (
+                spec.make_scheme().needs_global_histogram
+                if kwargs.get("train_script") is not None
+                else spec.needs_statistics()
+            )
+            statistics = "secure" if needed else "none"
         super().__init__(
             name=name or method,
             scheme=str(spec.scheme),

@@ -1,0 +1,201 @@
+"""Checks of user settings before a run: client options, site data configs, recipe arguments.
+
+A job's client options are checked when its recipe is built (and so when it is exported), the
+client script checks them again when a site starts, a site's ``fedweigh_site.json`` is checked when
+it is read, and ``fedweigh bench`` checks its arguments before any cell runs. Every error is a
+:class:`ConfigError` whose one-line message names where the setting came from, the field, the value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Optimizers of the local training (fedweigh.train.OPTIMIZERS).
+OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
+#: DP-SGD privacy accountants and per-sample-gradient modes (fedweigh.secure.dp_config).
+DP_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+DP_MODES: tuple[str, ...] = ("auto", "fast", "hooks", "functorch", "ghost")
+#: The smallest image side the models accept.
+MIN_SIZE = 8
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class ConfigError(ValueError):
+    """A user setting that cannot work; the message names the source, field, value and what is allowed."""
+
+    def __init__(self, source: str, field: str, value: Any, allowed: str):
+        self.source, self.field, self.value, self.allowed = source, field, value, allowed
+        super().__init__(f"{source}: {field} = {_show(value)} is not allowed; {allowed}")
+
+
+def _show(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})" if isinstance(value, str) else repr(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+class _Checker:
+    """Checks fields of one mapping of settings, raising :class:`ConfigError` on the first bad one."""
+
+    def __init__(self, source: str, values: Mapping[str, Any]):
+        self.source = source
+        self.values = values
+
+    def fail(self, name: str, allowed: str) -> None:
+        raise ConfigError(self.source, name, self.values.get(name), allowed)
+
+    def choice(self, name: str, choices: Iterable[str]) -> None:
+        choices = tuple(choices)
+        if self.values.get(name) not in choices:
+            self.fail(name, f"choose one of {', '.join(choices)}")
+
+    def integer(self, name: str, minimum: int, optional: bool = False) -> None:
+        value = self.values.get(name)
+        if value is None and optional:
+            return
+        if not _is_int(value) or value < minimum:
+            self.fail(name, f"must be an integer >= {minimum}" + (" or null" if optional else ""))
+
+    def number(
+        self, name: str, low: float = 0.0, high: float = math.inf, *, optional: bool = False, open_high=False
+    ) -> None:
+        """A finite number with ``low < value`` and ``value <= high`` (``< high`` with open_high)."""
+        value = self.values.get(name)
+        if value is None and optional:
+            return
+        ok = _is_number(value) and low < value and (value < high if open_high else value <= high)
+        if not ok:
+            bounds = f"> {low:g}" if high == math.inf else f"in ({low:g}, {high:g}{')' if open_high else ']'}"
+            self.fail(name, f"must be a number {bounds}" + (" or null" if optional else ""))
+
+    def boolean(self, name: str) -> None:
+        if not isinstance(self.values.get(name), bool):
+            self.fail(name, "must be true or false")
+
+    def mapping(self, name: str) -> None:
+        if not isinstance(self.values.get(name), dict):
+            self.fail(name, 'must be a JSON object, e.g. {"key": "value"}')
+
+    def text(self, name: str, optional: bool = False) -> None:
+        value = self.values.get(name)
+        if value is None and optional:
+            return
+        if not isinstance(value, str) or not value.strip():
+            self.fail(name, "must be a non-empty text" + (" or null" if optional else ""))
+
+
+def check_loader_options(source: str, dataset: str, options: Any) -> None:
+    """Loader options a dataset requires (``images_csv``: its label columns, ...)."""
+    if dataset == "images_csv" and isinstance(options, dict):
+        from fedweigh.data.folder import check_options
+
+        check_options(options, source)
+
+
+def check_dataset_path(source: str, dataset: str, data_path: Any, field: str = "data_path") -> None:
+    """A dataset that reads files (chestmnist, chexpert) needs a data path."""
+    from fedweigh.data.pools import _DATA_PATH_HINT, dataset_info
+
+    if dataset_info(dataset)["needs_data_path"] and data_path in (None, ""):
+        raise ConfigError(
+            source, field, data_path, f"dataset {dataset!r} needs the path of {_DATA_PATH_HINT[dataset]}"
+        )
+
+
+def check_client_values(values: Mapping[str, Any], source: str = "client options") -> None:
+    """Check the fields of :class:`fedweigh.site.ClientArgs` given as a mapping (names as in ClientArgs)."""
+    from fedweigh.data.pools import DATASETS
+    from fedweigh.data.scenarios import SCENARIOS
+    from fedweigh.losses import LOSS_CLASSES, loss_options
+    from fedweigh.models import ARCHITECTURES, NORMS
+
+    c = _Checker(source, values)
+    c.choice("dataset", DATASETS)
+    c.choice("scenario", SCENARIOS)
+    c.text("data_path", optional=True)
+    check_dataset_path(source, values["dataset"], values.get("data_path"))
+    c.mapping("loader_options")
+    check_loader_options(source, values["dataset"], values["loader_options"])
+    c.integer("size", MIN_SIZE)
+    c.integer("num_images", 1, optional=True)
+    c.integer("seed", 0)
+    c.choice("arch", ARCHITECTURES)
+    c.choice("norm", NORMS)
+    c.choice("loss", ("default", *LOSS_CLASSES))
+    c.mapping("loss_options")
+    if values["loss"] != "default":
+        known = loss_options(values["loss"])
+        unknown = sorted(set(values["loss_options"]) - set(known))
+        if unknown:
+            raise ConfigError(
+                source,
+                "loss_options",
+                values["loss_options"],
+                f"loss {values['loss']!r} takes {', '.join(known) or 'no options'} (unknown: {', '.join(unknown)})",
+            )
+    c.integer("epochs", 1)
+    c.integer("batch_size", 1)
+    c.number("lr")
+    c.choice("optimizer", OPTIMIZERS)
+    c.integer("max_steps", 1, optional=True)
+    c.integer("threads", 0)
+    for flag in ("eval_test", "channels_last", "keep_optimizer", "amp", "compile", "augment"):
+        c.boolean(flag)
+    if not isinstance(values.get("device"), str) or not _DEVICE.match(values["device"]):
+        c.fail("device", "choose auto, cpu, cuda or cuda:N")
+    c.number("dp_epsilon", optional=True)
+    c.number("dp_delta", 0.0, 1.0, open_high=True)
+    c.number("dp_max_grad_norm")
+    c.number("dp_noise_multiplier", optional=True)
+    c.choice("dp_accountant", DP_ACCOUNTANTS)
+    c.choice("dp_mode", DP_MODES)
+    c.number("stats_dp_epsilon", optional=True)
+    c.number("stats_dp_delta", 0.0, 1.0, open_high=True)
+    if values["augment"] and (values["dp_epsilon"] is not None or values["dp_noise_multiplier"] is not None):
+        c.fail("augment", "DP-SGD trains without augmentation: set augment to false or turn DP-SGD off")
+
+
+def check_client_args(args: Any, source: str = "client options") -> Any:
+    """Check a :class:`fedweigh.site.ClientArgs`; returns it unchanged, raises :class:`ConfigError`."""
+    check_client_values(vars(args), source)
+    return args
+
+
+def check_site_values(values: Mapping[str, Any], source: str) -> None:
+    """Check the fields of a site data config (:class:`fedweigh.data.site_config.SiteDataConfig`)."""
+    from fedweigh.data.pools import DATASETS
+
+    c = _Checker(source, values)
+    c.choice("dataset", DATASETS)
+    c.text("data_path", optional=True)
+    check_dataset_path(source, values["dataset"], values.get("data_path"))
+    c.mapping("loader_options")
+    check_loader_options(source, values["dataset"], values["loader_options"])
+    c.integer("size", MIN_SIZE)
+    c.number("val_fraction", 0.0, 1.0, open_high=True)
+    c.integer("seed", 0)
+    c.integer("num_images", 1, optional=True)
+
+
+def check_recipe_values(values: Mapping[str, Any], source: str = "recipe") -> None:
+    """Check a recipe's own arguments (rounds, sites, sampling, statistics)."""
+    c = _Checker(source, values)
+    c.text("name")
+    c.integer("num_rounds", 1)
+    c.integer("min_clients", 1)
+    c.number("sample_fraction", 0.0, 1.0)
+    c.choice("statistics", ("none", "plain", "secure"))
+    c.integer("train_timeout", 0)
+    if values.get("max_share") != "auto":  # "auto": the controller's default cap (docs/security.md)
+        c.number("max_share", 0.0, 1.0, optional=True)

@@ -1,0 +1,195 @@
+"""Your own Client API script under a fedweigh scheme: what it must report, and helpers that build it.
+
+A fedweigh recipe built with ``train_script=`` (and ``model=``) runs your script at the sites instead
+of fedweigh's. The server weighs each site's ``train`` result from the result's ``meta``; the
+contract is:
+
+================================  ========================================================================
+meta key                          value
+================================  ========================================================================
+``num_samples``                   N_k, the site's training-set size (int >= 1); every scheme reads it
+``NUM_STEPS_CURRENT_ROUND``       tau_k, the local optimiser steps of this round (int >= 0; FedNova)
+``fedweigh_scalars``              the scalars the scheme asks for in the task's ``meta["fedweigh_plan"]``
+                                  (``plan["scalars"]``, e.g. CBR's ``skew``), computed by the scheme's
+                                  own client code from the site's label counts
+================================  ========================================================================
+
+Send ``params`` as the FULL local model (``ParamsType.FULL``). :func:`result_meta` builds that meta;
+``plan["fedprox_mu"]`` is FedProx's coefficient for your loss (0 for other schemes). Schemes whose
+*loss* or weighting needs the global label histogram (FedDisco, DAFL) also send a ``stats`` task
+first: answer it with :func:`answer_statistics` (your script receives it only when such a scheme
+runs). A minimal loop::
+
+    import nvflare.client as flare
+    from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+    from fedweigh.flare.byo import answer_statistics, is_statistics_task, result_meta
+
+    flare.init()
+    while flare.is_running():
+        received = flare.receive()
+        if is_statistics_task():
+            flare.send(answer_statistics(received, class_counts, len(train_set)))
+            continue
+        model.load_state_dict(received.params)
+        steps = train_one_round(model)  # your training
+        flare.send(FLModel(params=model.state_dict(), params_type=ParamsType.FULL,
+                           meta=result_meta(received, num_samples=len(train_set), num_steps=steps,
+                                            class_counts=class_counts, params=model.state_dict())))
+
+``examples/byo_feddraw/`` is a complete script and job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS, TASK_STATS
+from fedweigh.weighting import get_scheme
+
+logger = logging.getLogger("fedweigh.byo")
+
+
+def _as_numpy(params: Mapping[str, Any] | None) -> dict[str, np.ndarray] | None:
+    if params is None:
+        return None
+    out = {}
+    for key, value in params.items():
+        if hasattr(value, "detach"):  # torch.Tensor
+            value = value.detach().cpu().numpy()
+        out[key] = np.asarray(value)
+    return out
+
+
+def _count_vector(class_counts: Any, what: str) -> np.ndarray:
+    counts = np.asarray(class_counts, dtype=np.float64)
+    if counts.ndim != 1 or counts.size == 0 or not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise ValueError(
+            f"{what}: class_counts must be a non-empty 1-D list of counts >= 0, got {class_counts!r}"
+        )
+    return counts
+
+
+def plan_of(received: Any) -> dict:
+    """The server's plan on a received task (``meta["fedweigh_plan"]``; empty when there is none)."""
+    return dict((getattr(received, "meta", None) or {}).get(META_PLAN) or {})
+
+
+def result_meta(
+    received: Any,
+    *,
+    num_samples: int,
+    num_steps: int,
+    class_counts: Any = None,
+    params: Mapping[str, Any] | None = None,
+    global_stats: Mapping[str, Any] | None = None,
+) -> dict:
+    """The meta of a ``train`` result for the task ``received``: N_k, tau_k and the scheme's scalars.
+
+    Args:
+        received: the FLModel of the task (its ``meta`` holds the plan, its ``params`` the global model).
+        num_samples: the site's training-set size N_k.
+        num_steps: the local optimiser steps of this round tau_k.
+        class_counts: per-class counts of the site's training labels (positives per finding for
+            multi-label data); needed when the scheme's scalars come from them (CBR, DAFL).
+        params: the local model after training; needed by schemes whose scalars compare models.
+        global_stats: what :func:`answer_statistics` returned as global statistics, if any.
+
+    Raises ValueError naming the argument when a value cannot be reported or the scheme needs more.
+    """
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"result_meta: num_samples must be an integer >= 1, got {num_samples!r}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
+        raise ValueError(f"result_meta: num_steps must be an integer >= 0, got {num_steps!r}")
+    plan = plan_of(received)
+    scalars: dict[str, float] = {}
+    wanted = list(plan.get("scalars") or [])
+    if plan.get("scheme") and wanted:
+        if class_counts is None:
+            raise ValueError(
+                f"result_meta: scheme {plan['scheme']!r} asks for {wanted}, computed from the site's label "
+                "counts: pass class_counts= (per-class counts of the training labels)"
+            )
+        scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
+        gs = dict(global_stats or {})
+        computed = scheme.client_scalars(
+            class_counts=_count_vector(class_counts, "result_meta"),
+            num_samples=int(num_samples),
+            global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
+            global_num_samples=gs.get("num_samples"),
+            params=_as_numpy(params),
+            global_params=_as_numpy(getattr(received, "params", None)),
+        )
+        missing = [k for k in wanted if k not in computed]
+        if missing:
+            raise ValueError(
+                f"result_meta: scheme {plan['scheme']!r} asks for {missing}, which it computes only from "
+                "params= (the local model) or the global statistics (answer_statistics)"
+            )
+        scalars = {k: float(computed[k]) for k in wanted}
+    return {META_NUM_SAMPLES: int(num_samples), META_NUM_STEPS: int(num_steps), META_SCALARS: scalars}
+
+
+def is_statistics_task(task_name: str | None = None) -> bool:
+    """Whether the current task (or ``task_name``) is the label-statistics phase."""
+    if task_name is None:
+        import nvflare.client as flare
+
+        task_name = flare.get_task_name()
+    return task_name == TASK_STATS
+
+
+class _StatisticsSite:
+    """What the statistics phase reads of a site (the exact label histogram; no statistics DP)."""
+
+    def __init__(self, site_name: str, job_id: str, class_counts: np.ndarray, num_samples: int):
+        from types import SimpleNamespace
+
+        from fedweigh.secure.stats_release import ReleasedHistogram
+
+        self.site_name = site_name
+        self.job_id = job_id
+        self.global_stats: dict | None = None
+        self.site = SimpleNamespace(train=range(num_samples))
+        self._release = ReleasedHistogram(class_counts, int(num_samples), None, None)
+
+    def released_statistics(self):
+        return self._release
+
+
+def answer_statistics(received: Any, class_counts: Any, num_samples: int, *, site_name: str | None = None):
+    """The FLModel answering a ``stats`` task: the site's label histogram (collect step), or the
+    acknowledgement of the global statistics (distribute step; then :func:`global_statistics`
+    returns them in this process and later ones of the same job)."""
+    import nvflare.client as flare
+
+    from fedweigh.flare.statistics import GLOBAL_STATS_FILE, answer_statistics_task
+
+    site_name = site_name or flare.get_site_name()
+    job_id = str(flare.get_job_id())
+    counts = _count_vector(class_counts, "answer_statistics")
+    site = _StatisticsSite(site_name, job_id, counts, int(num_samples))
+    answer = answer_statistics_task(site, received)
+    if site.global_stats is not None:
+        logger.info("%s: global statistics kept in %s", site_name, GLOBAL_STATS_FILE.format(job_id=job_id))
+    return answer
+
+
+def global_statistics(job_id: str | None = None) -> dict | None:
+    """The global label statistics this site received in job ``job_id`` (None before the phase)."""
+    from fedweigh.flare.statistics import GLOBAL_STATS_FILE
+
+    if job_id is None:
+        import nvflare.client as flare
+
+        job_id = str(flare.get_job_id())
+    path = Path(GLOBAL_STATS_FILE.format(job_id=job_id))
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+__all__ = ["answer_statistics", "global_statistics", "is_statistics_task", "plan_of", "result_meta"]

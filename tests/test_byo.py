@@ -1,0 +1,195 @@
+"""Bring your own: a user's Client API script, model and checkpoint under a fedweigh scheme."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedweigh.checks import ConfigError
+from fedweigh.cli import simulator_command
+from fedweigh.flare.byo import result_meta
+from fedweigh.flare.recipes import FedDRAWRecipe, MethodRecipe
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS
+from fedweigh.rounds import PlaintextBackend, RoundStep
+from fedweigh.weighting import get_scheme
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "byo_feddraw"
+
+
+def _task(scheme: str, scheme_args: dict | None = None, params=None):
+    """A received task as the fedweigh controller sends it (its plan from the round step)."""
+    step = RoundStep(get_scheme(scheme, **(scheme_args or {})), PlaintextBackend({}), num_rounds=3)
+    return SimpleNamespace(meta={META_PLAN: step.plan(scheme, scheme_args or {})}, params=params)
+
+
+def test_result_meta_reports_what_the_scheme_asks_for():
+    counts = [30, 5, 0, 65]
+    meta = result_meta(_task("cbr"), num_samples=100, num_steps=7, class_counts=counts)
+    expected = get_scheme("cbr").client_scalars(class_counts=np.array(counts, float), num_samples=100)
+    assert meta[META_NUM_SAMPLES] == 100 and meta[META_NUM_STEPS] == 7
+    assert set(meta[META_SCALARS]) == {"skew"}
+    assert meta[META_SCALARS]["skew"] == pytest.approx(expected["skew"])
+    # FedDRAW asks for no scalars in plaintext: only N_k and tau_k
+    assert result_meta(_task("feddraw"), num_samples=10, num_steps=1)[META_SCALARS] == {}
+
+
+def test_result_meta_meets_the_server_checks():
+    """What result_meta builds passes the round step's checks of a result's meta."""
+    from fedweigh.validation import check_meta
+
+    step = RoundStep(get_scheme("cbr"), PlaintextBackend({}), num_rounds=3)
+    meta = result_meta(_task("cbr"), num_samples=50, num_steps=3, class_counts=[10, 40])
+    check_meta("site-1", meta, step.scalars, step.limits)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_samples": 0, "num_steps": 1}, "num_samples must be an integer >= 1, got 0"),
+        ({"num_samples": 10, "num_steps": -1}, "num_steps must be an integer >= 0, got -1"),
+        ({"num_samples": 10, "num_steps": 1}, r"scheme 'cbr' asks for \['skew'\].*pass class_counts="),
+        (
+            {"num_samples": 10, "num_steps": 1, "class_counts": [[1, 2]]},
+            "class_counts must be a non-empty 1-D list",
+        ),
+    ],
+)
+def test_result_meta_refuses_what_the_server_could_not_weigh(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        result_meta(_task("cbr"), **kwargs)
+
+
+def _example_model():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from model import TinyNet
+
+        return TinyNet
+    finally:
+        sys.path.remove(str(EXAMPLE))
+
+
+def _server_config(job: Path) -> dict:
+    return json.loads((job / "app" / "config" / "config_fed_server.json").read_text())
+
+
+def _component(config: dict, comp_id: str) -> dict:
+    return next(c for c in config["components"] + config["workflows"] if c["id"] == comp_id)
+
+
+def test_recipe_ships_the_users_script_and_model(tmp_path):
+    TinyNet = _example_model()
+    recipe = FedDRAWRecipe(
+        name="byo",
+        min_clients=2,
+        train_script=str(EXAMPLE / "train.py"),
+        train_args="--lr 0.1",
+        model=TinyNet(),
+    )
+    recipe.export(str(tmp_path))
+    job = tmp_path / "byo"
+    client = json.loads((job / "app" / "config" / "config_fed_client.json").read_text())
+    executor = client["executors"][0]["executor"]["args"]
+    assert (executor["task_script_path"], executor["task_script_args"]) == ("train.py", "--lr 0.1")
+    (shipped,) = (job / "app" / "custom").rglob("train.py")  # NVFlare finds the script by name
+    assert shipped.read_text() == (EXAMPLE / "train.py").read_text()
+    assert (job / "app" / "custom" / "model.py").is_file()
+    persistor = _component(_server_config(job), "persistor")
+    assert persistor["args"]["model"]["path"] == "model.TinyNet"
+    assert _component(_server_config(job), "controller")["args"].get("statistics", "none") == "none"
+
+
+def test_recipe_takes_a_monai_network_and_an_initial_checkpoint(tmp_path, monkeypatch):
+    from monai.networks.nets import DenseNet121
+
+    net = DenseNet121(spatial_dims=2, in_channels=1, out_channels=3)
+    monkeypatch.chdir(tmp_path)
+    torch.save(net.state_dict(), "start.pt")
+    recipe = FedDRAWRecipe(
+        name="monai",
+        min_clients=2,
+        train_script=str(EXAMPLE / "train.py"),
+        model=net,
+        initial_ckpt="start.pt",
+    )
+    recipe.export(str(tmp_path / "jobs"))
+    job = tmp_path / "jobs" / "monai"
+    persistor = _component(_server_config(job), "persistor")["args"]
+    assert persistor["model"]["path"].endswith("DenseNet121")
+    assert persistor["source_ckpt_file_full_name"] == "start.pt"
+    assert (job / "app" / "custom" / "start.pt").is_file()
+
+
+def test_statistics_follow_the_scheme_not_fedweighs_loss(tmp_path):
+    TinyNet = _example_model()
+    script = str(EXAMPLE / "train.py")
+    for method, expected in (("fedbb", "none"), ("feddisco", "secure")):
+        # FedBB's PNB loss is fedweigh's, not the user's; FedDisco's weights need the global histogram
+        recipe = MethodRecipe(method=method, min_clients=2, train_script=script, model=TinyNet())
+        recipe.export(str(tmp_path))
+        controller = _component(_server_config(tmp_path / method), "controller")
+        assert controller["args"].get("statistics", "none") == expected, method
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"train_script": "no_such_script.py", "model": "m"},
+            "train_script = 'no_such_script.py' .*no such file",
+        ),
+        (
+            {"train_script": str(EXAMPLE / "train.py")},
+            "model = None .*with train_script, pass the global model",
+        ),
+        ({"initial_ckpt": "missing.pt"}, "initial_ckpt = 'missing.pt' .*existing local file"),
+        (
+            {"train_script": str(EXAMPLE / "train.py"), "model": "m", "he": True},
+            "he = True .*need fedweigh's client script",
+        ),
+    ],
+)
+def test_recipe_refuses_bad_byo_arguments(kwargs, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=f"recipe 'x': {message}"):
+        FedDRAWRecipe(name="x", min_clients=2, **kwargs)
+
+
+@pytest.mark.slow
+def test_example_runs_under_feddraw_in_the_simulator(tmp_path):
+    """examples/byo_feddraw exported by its own job.py and run by `nvflare simulator`: every round
+    weighs all three sites (N_k prior first), the global model changes and is saved."""
+    env_path = f"{ROOT / 'custom'}"
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([env_path, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(
+        [sys.executable, "job.py", "--out", str(tmp_path / "jobs"), "--rounds", "2"],
+        cwd=EXAMPLE,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    workspace = tmp_path / "ws"
+    cmd = simulator_command(tmp_path / "jobs" / "byo_feddraw", workspace, 3)
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (metrics,) = workspace.rglob("fedweigh_metrics.json")
+    rounds = [r for r in json.loads(metrics.read_text())["rounds"] if r["round"] >= 1]
+    assert len(rounds) == 2
+    for r in rounds:
+        assert r["global_updated"] is True and r["excluded"] == {}
+        assert sorted(r["weights"]) == ["site-1", "site-2", "site-3"]
+        assert sum(r["weights"].values()) == pytest.approx(1.0)
+    # site k has k * 64 images: the bigger sites weigh more in round 1
+    w = rounds[0]["weights"]
+    assert w["site-1"] < w["site-2"] < w["site-3"]
+    assert len(list(workspace.rglob("FL_global_model.pt"))) == 1
