@@ -20,7 +20,7 @@ ROWS = [  # what the controller records: metrics of the global model after each 
 def _fake_simulator(calls: list, rc: int = 0):
     """Stands in for `nvflare simulator`: records the call and leaves a run's records in the workspace."""
 
-    def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads=None) -> int:
+    def run_simulator(job_dir: Path, workspace: Path, n_clients: int, *_, **__) -> int:
         calls.append((Path(job_dir), Path(workspace), n_clients))
         if rc == 0:
             app = Path(workspace) / "server" / "simulate_job" / "app_server"
@@ -39,7 +39,7 @@ def _fake_simulator(calls: list, rc: int = 0):
 
 def test_demo_runs_the_feddraw_job_and_prints_the_round_table(tmp_path, monkeypatch, capsys):
     calls: list = []
-    monkeypatch.setattr(cli, "run_simulator", _fake_simulator(calls))
+    monkeypatch.setattr(cli, "run_simulator_with_progress", _fake_simulator(calls))
     assert cli.main(["demo", "--workspace", str(tmp_path / "ws")]) == 0
     ((job, workspace, clients),) = calls
     assert job == Path(cli.__file__).resolve().parents[2] / "jobs" / "synthcxr_feddraw"
@@ -56,7 +56,7 @@ def test_demo_runs_the_feddraw_job_and_prints_the_round_table(tmp_path, monkeypa
                 assert cell == "-"
             else:
                 assert float(cell) == pytest.approx(row[key], abs=5e-5), key
-    assert "final test macro AUC 0.7345, GM 0.5432" in out
+    assert "final test macro AUC 0.7345; GM 0.5432 at threshold 0.5" in out
     app = tmp_path / "ws" / "server" / "simulate_job" / "app_server"
     assert f"metrics:  {app / 'fedweigh_metrics.json'}" in out
     assert f"plot:     {app / 'fedweigh_client_weights.png'}" in out
@@ -65,7 +65,7 @@ def test_demo_runs_the_feddraw_job_and_prints_the_round_table(tmp_path, monkeypa
 
 def test_demo_reports_a_failed_run_and_a_missing_job(tmp_path, monkeypatch, capsys):
     calls: list = []
-    monkeypatch.setattr(cli, "run_simulator", _fake_simulator(calls, rc=3))
+    monkeypatch.setattr(cli, "run_simulator_with_progress", _fake_simulator(calls, rc=3))
     assert cli.main(["demo", "--workspace", str(tmp_path / "ws")]) == 3
     assert "the simulator run failed (exit code 3)" in capsys.readouterr().out
     assert cli.main(["demo", "--job", str(tmp_path / "nojob")]) == 2

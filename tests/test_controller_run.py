@@ -83,7 +83,7 @@ class InProcessFederation:
         if task == TASK_STATS:
             counts = np.arange(1, 4) * n // 10
             trainer = SimpleNamespace(
-                site=SimpleNamespace(train=list(range(n))),
+                num_train=n,
                 site_name=site,
                 job_id="job",
                 global_stats=None,
@@ -94,7 +94,10 @@ class InProcessFederation:
 
 
 def make_controller(fed: InProcessFederation, app_dir: Path, **options) -> FedweighController:
-    controller = FedweighController(min_clients=2, **options)
+    """The controller with stand-in sites; the scheme alone decides the weights (no weight cap, no
+    update-norm bound, no direction filter unless a test asks: those are tests/test_robust_rounds.py)."""
+    robust_off = {"max_share": None, "update_norm_bound": None, "min_update_cosine": None}
+    controller = FedweighController(min_clients=2, **{**robust_off, **options})
     controller.engine = SimpleNamespace(
         get_clients=lambda: [SimpleNamespace(name=s) for s in fed.sites],
         fire_event=lambda event_type, fl_ctx: None,
@@ -191,7 +194,9 @@ def test_train_timeout_applies_to_every_task(tmp_path, statistics, monkeypatch):
 
 def test_without_train_timeout_every_task_waits_for_every_site(tmp_path):
     fed = InProcessFederation(SITES)
-    make_controller(fed, tmp_path, num_rounds=1, statistics="plain", loss_needs_global_stats=True).run()
+    make_controller(
+        fed, tmp_path, num_rounds=1, statistics="plain", loss_needs_global_stats=True, train_timeout=0
+    ).run()
     assert [s.task for s in fed.sent] == [TASK_STATS, TASK_STATS, TASK_TRAIN, TASK_VALIDATE]
     for s in fed.sent:
         assert (s.timeout, s.min_responses, s.wait_after_min) == (0, None, 0)

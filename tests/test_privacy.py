@@ -314,6 +314,7 @@ def stats_trainer(job_id: str, **args) -> SimpleNamespace:
         args=client_args,
         class_counts=class_counts,
         site=SimpleNamespace(train=train),
+        num_train=len(train),
         job_id=job_id,
         site_name="site-2",
         global_stats=None,

@@ -283,7 +283,7 @@ def test_statistics_phase_secure_end_to_end(keys_from_env, tmp_path, monkeypatch
     trainers = {
         site: SimpleNamespace(
             class_counts=counts,
-            site=SimpleNamespace(train=range(n)),
+            num_train=n,
             released_statistics=lambda counts=counts, n=n: ReleasedHistogram(
                 np.asarray(counts), n, None, None
             ),

@@ -259,6 +259,11 @@ class SiteTrainer:
                 self.releaser.config, self.site_name, str(value), guard=self.privacy_guard
             )
 
+    @property
+    def num_train(self) -> int:
+        """N_k: the site's training-set size."""
+        return len(self.site.train)
+
     def released_statistics(self) -> ReleasedHistogram:
         """What this site may reveal of its label histogram: exact, or this job's one noised release.
 

@@ -48,8 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import nvflare.client as flare
 
+from fedweigh.flare.statistics import GLOBAL_STATS_FILE, answer_statistics_task
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS, TASK_STATS
+from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.weighting import get_scheme
 
 logger = logging.getLogger("fedweigh.byo")
@@ -138,27 +141,22 @@ def result_meta(
 def is_statistics_task(task_name: str | None = None) -> bool:
     """Whether the current task (or ``task_name``) is the label-statistics phase."""
     if task_name is None:
-        import nvflare.client as flare
-
         task_name = flare.get_task_name()
     return task_name == TASK_STATS
 
 
 class _StatisticsSite:
-    """What the statistics phase reads of a site (the exact label histogram; no statistics DP)."""
+    """A user's site as the statistics phase sees it (:class:`fedweigh.flare.statistics.StatisticsSite`):
+    the exact label histogram, no statistics DP."""
 
     def __init__(self, site_name: str, job_id: str, class_counts: np.ndarray, num_samples: int):
-        from types import SimpleNamespace
-
-        from fedweigh.secure.stats_release import ReleasedHistogram
-
         self.site_name = site_name
         self.job_id = job_id
         self.global_stats: dict | None = None
-        self.site = SimpleNamespace(train=range(num_samples))
+        self.num_train = int(num_samples)
         self._release = ReleasedHistogram(class_counts, int(num_samples), None, None)
 
-    def released_statistics(self):
+    def released_statistics(self) -> ReleasedHistogram:
         return self._release
 
 
@@ -166,10 +164,6 @@ def answer_statistics(received: Any, class_counts: Any, num_samples: int, *, sit
     """The FLModel answering a ``stats`` task: the site's label histogram (collect step), or the
     acknowledgement of the global statistics (distribute step; then :func:`global_statistics`
     returns them in this process and later ones of the same job)."""
-    import nvflare.client as flare
-
-    from fedweigh.flare.statistics import GLOBAL_STATS_FILE, answer_statistics_task
-
     site_name = site_name or flare.get_site_name()
     job_id = str(flare.get_job_id())
     counts = _count_vector(class_counts, "answer_statistics")
@@ -182,11 +176,7 @@ def answer_statistics(received: Any, class_counts: Any, num_samples: int, *, sit
 
 def global_statistics(job_id: str | None = None) -> dict | None:
     """The global label statistics this site received in job ``job_id`` (None before the phase)."""
-    from fedweigh.flare.statistics import GLOBAL_STATS_FILE
-
     if job_id is None:
-        import nvflare.client as flare
-
         job_id = str(flare.get_job_id())
     path = Path(GLOBAL_STATS_FILE.format(job_id=job_id))
     return json.loads(path.read_text()) if path.is_file() else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Protocol
 
 from nvflare.app_common.abstract.fl_model import FLModel
 
@@ -38,7 +39,7 @@ from fedweigh.policy import PERMISSIVE_DEFAULT, SitePolicy
 from fedweigh.protocol import META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_PLAN, TASK_STATS
 from fedweigh.secure.exchange import SecureExchange
 from fedweigh.secure.quorum import ABSOLUTE_MIN
-from fedweigh.site import SiteTrainer
+from fedweigh.secure.stats_release import ReleasedHistogram
 
 logger = logging.getLogger("fedweigh.statistics")
 
@@ -99,8 +100,23 @@ def run_statistics_phase(
 
 
 # ---------------------------------------------------------------------------------------- client
+class StatisticsSite(Protocol):
+    """What the statistics phase needs of a site: its name and job, what it may release of its label
+    histogram, its training-set size, and where the global statistics go (a
+    :class:`fedweigh.site.SiteTrainer`, or a user's own script through :mod:`fedweigh.flare.byo`)."""
+
+    site_name: str
+    job_id: str
+    global_stats: dict | None
+
+    @property
+    def num_train(self) -> int: ...
+
+    def released_statistics(self) -> ReleasedHistogram: ...
+
+
 def answer_statistics_task(
-    trainer: SiteTrainer, input_model: FLModel, policy: SitePolicy = PERMISSIVE_DEFAULT
+    trainer: StatisticsSite, input_model: FLModel, policy: SitePolicy = PERMISSIVE_DEFAULT
 ) -> FLModel:
     """The client's answer to a ``stats`` task (collect or distribute). The caller has checked the
     task against the site's policy; ``policy.min_secure_sum`` is announced with the contribution and
@@ -120,7 +136,7 @@ def answer_statistics_task(
             metrics=metrics,
             meta={
                 META_LENGTH: int(vector.size),
-                META_NUM_SAMPLES: len(trainer.site.train),
+                META_NUM_SAMPLES: trainer.num_train,
                 META_MIN_SECURE_SUM: int(policy.min_secure_sum),
                 **payload,
             },
