@@ -91,6 +91,24 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the site models"
     )
     p.add_argument(
+        "--max-share",
+        type=_safeguard,
+        default="auto",
+        help="cap on one site's share of a round's weight: auto (default), a number in (0, 1], or none",
+    )
+    p.add_argument(
+        "--update-norm-bound",
+        type=_safeguard,
+        default=3.0,
+        help="bound on each update's norm, in medians of the other sites' (default 3; none: off)",
+    )
+    p.add_argument(
+        "--min-update-cosine",
+        type=_safeguard,
+        default=0.0,
+        help="leave out an update pointing away from most others' (default 0; none: off)",
+    )
+    p.add_argument(
         "--cluster",
         default=None,
         metavar="ADDRESS",
@@ -100,6 +118,18 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.set_defaults(func=main_bench)
     return p
+
+
+def _safeguard(text: str) -> float | str | None:
+    """A safeguard option's value: ``none``, ``auto`` or a number."""
+    if text.lower() == "none":
+        return None
+    if text.lower() == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, 'auto' or 'none', got {text!r}") from None
 
 
 def main_bench(args: argparse.Namespace) -> int:
@@ -125,6 +155,9 @@ def main_bench(args: argparse.Namespace) -> int:
             threads=args.threads,
             loader_options=args.loader_options,
             eval_every=args.eval_every,
+            max_share=args.max_share,
+            update_norm_bound=args.update_norm_bound,
+            min_update_cosine=args.min_update_cosine,
             device=args.device,
             keep_optimizer=args.keep_optimizer,
             channels_last=args.channels_last,

@@ -49,7 +49,18 @@ from fedweigh.methods import MethodSpec, parse_method
 from fedweigh.metrics import youden_thresholds
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
 from fedweigh.records import RoundRecorder
-from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep, mean_metrics, sample_sites
+from fedweigh.rounds import (
+    DEFAULT_MIN_UPDATE_COSINE,
+    DEFAULT_UPDATE_NORM_BOUND,
+    ClientResult,
+    PlaintextBackend,
+    RoundStep,
+    check_max_share,
+    check_min_update_cosine,
+    check_update_norm_bound,
+    mean_metrics,
+    sample_sites,
+)
 from fedweigh.site import ClientArgs, RoundOutput, SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, predict, set_params
 
@@ -75,6 +86,9 @@ class BenchConfig:
         after the last round (1: every round). Training is the same for every k.
     site_workers: processes a cell's sites train in, in parallel (1: in the cell's process); changes
         no number.
+    max_share / update_norm_bound / min_update_cosine: the server's safeguards, with the NVFlare
+        controller's defaults (docs/security.md); None turns one off, e.g. to run the schemes exactly
+        as their papers define them.
     """
 
     dataset: str
@@ -89,6 +103,9 @@ class BenchConfig:
     threshold: str = "0.5"
     eval_every: int = 1
     site_workers: int = 1
+    max_share: float | str | None = "auto"
+    update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND
+    min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE
 
     def cells(self) -> list[tuple[str, str, int]]:
         """(scenario, method, seed) of every cell, grouped so that each federation is built once."""
@@ -114,6 +131,9 @@ def make_config(
     threshold: str | None = None,
     eval_every: int | None = None,
     site_workers: int = 1,
+    max_share: float | str | None = "auto",
+    update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
+    min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     **client_overrides: object,
 ) -> BenchConfig:
     """A :class:`BenchConfig` from a profile; every argument left None keeps the profile's value.
@@ -170,6 +190,9 @@ def make_config(
         threshold=threshold,
         eval_every=eval_every,
         site_workers=site_workers,
+        max_share=check_max_share(max_share),
+        update_norm_bound=check_update_norm_bound(update_norm_bound),
+        min_update_cosine=check_min_update_cosine(min_update_cosine),
     )
 
 
@@ -197,6 +220,7 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         "min_clients": config.min_clients,
         "threshold": config.threshold,
         "eval_every": config.eval_every,
+        "safeguards": [config.max_share, config.update_norm_bound, config.min_update_cosine],
         "method": spec.as_dict(),
     }
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -329,7 +353,16 @@ def _run_federated(
     scheme = spec.make_scheme()
     scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
     backend = PlaintextBackend(scorer.initial_params())
-    step = RoundStep(scheme, backend, num_rounds=rounds, min_clients=config.min_clients, log=logger.warning)
+    step = RoundStep(
+        scheme,
+        backend,
+        num_rounds=rounds,
+        min_clients=config.min_clients,
+        max_share=config.max_share,
+        update_norm_bound=config.update_norm_bound,
+        min_update_cosine=config.min_update_cosine,
+        log=logger.warning,
+    )
     sites = make_sites(fed.sites, fed.test, args, config.site_workers)
     recorder = RoundRecorder(None, str(spec.scheme))
     try:
