@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +49,13 @@ def run_recipe_in_simulator(
     timeout: int = 420,
     client_script: Path | None = None,
     env: dict[str, str] | None = None,
+    prepare: Callable[[Path], None] | None = None,
 ) -> tuple[list[dict], Path]:
     """Export ``recipe`` under tmp_path/jobs, simulate it with n clients / n threads, return (rows, app dir).
 
-    ``client_script`` replaces the job's client entry script (e.g. a faulty site); ``env`` adds
-    environment variables for the simulator and its clients.
+    ``client_script`` replaces the job's client entry script (e.g. a faulty site); ``prepare(job_dir)``
+    may change the exported job before it runs; ``env`` adds environment variables for the simulator and
+    its clients.
     """
     jobs = tmp_path / "jobs"
     recipe.export(str(jobs))
@@ -62,6 +65,8 @@ def run_recipe_in_simulator(
         assert entries, f"no client entry script in {job_dir}"
         for entry in entries:
             shutil.copyfile(client_script, entry)
+    if prepare is not None:
+        prepare(job_dir)
     workspace = tmp_path / "ws"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = simulator_command(job_dir, workspace, n_clients)
