@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,8 @@ FAULTS = {
 TRAIN_TIMEOUT = 40  # a round takes a few seconds once the sites have started
 SILENT_S = TRAIN_TIMEOUT + 10
 SITES = ("site-1", "site-2", "site-3", "site-4")
+#: four sites of equal size (iid-4 over 400 images: 90 training images each), 4 local steps
+CLIENT = replace(TINY_CLIENT, scenario="iid-4", num_images=400, size=32, max_steps=4)
 
 
 def start_every_site_first(job_dir: Path) -> None:
@@ -62,7 +65,7 @@ def faulty_run(tmp_path_factory):
         scheme="fedavg",
         num_rounds=4,
         min_clients=2,
-        client=TINY_CLIENT,
+        client=CLIENT,
         train_timeout=TRAIN_TIMEOUT,
         max_share=0.4,
     )
