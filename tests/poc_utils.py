@@ -83,15 +83,46 @@ def site_env(home: Path, *, hide_installed_fedweigh: bool = False) -> dict[str, 
     return env
 
 
-def site_python(hide_installed_fedweigh: bool) -> list[str]:
+def site_python(hide_installed_fedweigh: bool, python: str | Path = sys.executable) -> list[str]:
     """The interpreter command of the server and sites.
 
     ``-S`` skips the site module in these parent processes only: they then import from PYTHONPATH
-    (the site-packages, :func:`site_env`) but not from the ``.pth`` file of the editable fedweigh
-    install. NVFlare starts each job process with ``PYTHONPATH = <parent sys.path> + <job custom/>``,
-    so a job's bundled fedweigh comes before the editable install appended later by the ``.pth``.
+    (the site-packages, :func:`site_env`) but not from the ``.pth`` file that installs fedweigh.
+    NVFlare starts each job process with ``PYTHONPATH = <parent sys.path> + <job custom/>``, so a job's
+    bundled fedweigh comes before the installed one, appended later by the ``.pth``.
     """
-    return [sys.executable, "-S"] if hide_installed_fedweigh else [sys.executable]
+    return [str(python), "-S"] if hide_installed_fedweigh else [str(python)]
+
+
+def federation_python(folder: Path, package_src: Path) -> Path:
+    """The Python of the federation's processes, with ``package_src`` (the code under test) as the
+    installed fedweigh.
+
+    A virtual environment without packages of its own whose ``.pth`` file adds this environment's
+    site-packages and then ``package_src``. The environment running the tests may have fedweigh
+    installed from another checkout (an editable install elsewhere): a site-installed job would then
+    run that code while a bundled job runs the code under test, and the two would train differently.
+    The ``.pth`` files of this environment's site-packages (that editable install) are not read here.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    (site_packages,) = folder.glob("lib/python*/site-packages")
+    paths = sysconfig.get_paths()
+    entries = dict.fromkeys([paths["purelib"], paths["platlib"], str(package_src)])
+    (site_packages / "fedweigh_under_test.pth").write_text("\n".join(entries) + "\n")
+    python = folder / "bin" / "python"
+    probe = subprocess.run(
+        [str(python), "-c", "import fedweigh; print(fedweigh.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
+    )
+    installed = Path(probe.stdout.strip())
+    if probe.returncode != 0 or installed != package_src / "fedweigh" / "__init__.py":
+        raise AssertionError(
+            f"the federation's Python imports fedweigh from {installed}: {probe.stderr[-2000:]}"
+        )
+    return python
 
 
 def run_cli(
@@ -131,6 +162,21 @@ def nvflare_json(args: list[str], kit: Path, env: dict[str, str], cwd: Path, tim
         ) from None
     envelope.setdefault("exit_code", proc.returncode)
     return envelope
+
+
+def admin_console(kit: Path, user: str, lines: list[str], env: dict[str, str], timeout: float = 300) -> str:
+    """Type ``user`` and then ``lines`` into the admin console of ``kit`` (``startup/fl_admin.sh``, as an
+    operator does), end the session, and return everything it printed."""
+    proc = subprocess.run(
+        ["bash", str(kit / "startup" / "fl_admin.sh")],
+        input="\n".join([user, *lines, "bye"]) + "\n",
+        cwd=kit,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.stdout + proc.stderr
 
 
 def provision(project_yml: Path, workspace: Path, env: dict[str, str]) -> Path:
@@ -192,9 +238,12 @@ class _Owned:
     name: str
 
     def alive(self) -> psutil.Process | None:
+        """The process if it still runs (an ended child the test has not reaped yet counts as ended)."""
         try:
             p = psutil.Process(self.pid)
-            return p if p.create_time() == self.create_time and p.is_running() else None
+            if p.create_time() != self.create_time or not p.is_running():
+                return None
+            return None if p.status() == psutil.STATUS_ZOMBIE else p
         except psutil.NoSuchProcess:
             return None
 
@@ -286,6 +335,17 @@ class Federation:
                 pass
         psutil.wait_procs(survivors, timeout=grace)
         return [own.name for own, _ in alive]
+
+    def wait_until_ended(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` seconds for every owned process to end by itself; the names still alive."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.track()
+            with self._lock:
+                alive = [own.name for own in self.owned.values() if own.alive() is not None]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(1.0)
 
     def still_running(self) -> list[int]:
         """Pids of owned processes that are alive."""

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,17 @@ from fedweigh.cli import find_server_app_dir, simulator_command
 from fedweigh.records import load_rows
 from fedweigh.site import ClientArgs
 
-#: The tiny SynthCXR setting of the simulator tests: iid-4 over 400 images gives every site 90 training
-#: images; max_steps fixes 4 local steps; one torch thread per site keeps runs reproducible.
+#: The tiny SynthCXR setting of the simulator tests: two sites of ``quantity-a0.3`` over 300 images hold 112
+#: and 72 training images, so size-based weights are not 1/2; max_steps fixes 3 local steps at both; one
+#: torch thread per site keeps runs reproducible. The bench parity test runs the same setting in process.
 TINY_CLIENT = ClientArgs(
-    dataset="synthcxr", scenario="iid-4", num_images=400, max_steps=4, batch_size=16, threads=1
+    dataset="synthcxr",
+    scenario="quantity-a0.3",
+    num_images=300,
+    size=28,
+    max_steps=3,
+    batch_size=16,
+    threads=1,
 )
 TINY_ROUNDS = 3
 
@@ -48,11 +56,13 @@ def run_recipe_in_simulator(
     timeout: int = 420,
     client_script: Path | None = None,
     env: dict[str, str] | None = None,
+    prepare: Callable[[Path], None] | None = None,
 ) -> tuple[list[dict], Path]:
     """Export ``recipe`` under tmp_path/jobs, simulate it with n clients / n threads, return (rows, app dir).
 
-    ``client_script`` replaces the job's client entry script (e.g. a faulty site); ``env`` adds
-    environment variables for the simulator and its clients.
+    ``client_script`` replaces the job's client entry script (e.g. a faulty site); ``prepare(job_dir)``
+    may change the exported job before it runs; ``env`` adds environment variables for the simulator and
+    its clients.
     """
     jobs = tmp_path / "jobs"
     recipe.export(str(jobs))
@@ -62,6 +72,8 @@ def run_recipe_in_simulator(
         assert entries, f"no client entry script in {job_dir}"
         for entry in entries:
             shutil.copyfile(client_script, entry)
+    if prepare is not None:
+        prepare(job_dir)
     workspace = tmp_path / "ws"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = simulator_command(job_dir, workspace, n_clients)
@@ -84,12 +96,15 @@ def saved_float_params(path: Path) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in state.items() if v.is_floating_point()}
 
 
-def plaintext_reference(scheme: str, client: ClientArgs, global_stats: bool, rounds: int, sites: int):
+def plaintext_reference(
+    scheme: str, client: ClientArgs, global_stats: bool, rounds: int, sites: int, meta: dict | None = None
+):
     """(initial model, final global model, weights per round) of the plaintext path, in this process.
 
     The same core code the controller and the client script run (:class:`fedweigh.site.SiteTrainer` +
     :class:`fedweigh.rounds.RoundStep`) for ``sites`` simulated sites; with one torch thread it
-    reproduces a plaintext simulator run bit for bit.
+    reproduces a plaintext simulator run bit for bit. ``meta`` overrides what every site reports (e.g.
+    the same sample count everywhere, for FedAvg's equal weights).
     """
     from dataclasses import asdict
 
@@ -117,12 +132,13 @@ def plaintext_reference(scheme: str, client: ClientArgs, global_stats: bool, rou
         results = []
         for tr in trainers:
             out = tr.run_round(g, t - 1, plan)
-            meta = {
+            reported = {
                 "num_samples": out.num_samples,
                 "NUM_STEPS_CURRENT_ROUND": out.num_steps,
                 "fedweigh_scalars": out.scalars,
+                **(meta or {}),
             }
-            results.append(ClientResult(tr.site_name, out.params, meta))
+            results.append(ClientResult(tr.site_name, out.params, reported))
         update = step.run(t, results)
         g = update.params
         weights.append(update.weights)

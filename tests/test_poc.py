@@ -6,24 +6,30 @@ One federation serves every check (module fixture ``poc``), in this order:
 1. ``nvflare provision`` of provisioning/project.yml with the server moved to localhost and free ports;
    each hospital gets its own data through ``local/fedweigh_site.json`` (SynthCXR, 200/300/400 images,
    seeds 1/2/3: 180/270/360 training images);
-2. the server and the three hospitals start from their kits as processes owned by the test; they run
-   without this checkout's fedweigh on their import path (``poc_utils.site_python``);
+2. the server and the three hospitals start from their kits as processes owned by the test, in a Python
+   whose installed fedweigh is the code under test (``poc_utils.federation_python``) but which keeps it
+   off the import path of the server and site processes themselves (``poc_utils.site_python``);
 3. a job without code (``fedweigh jobs export --site-installed``) is submitted before any site has
    allow-listed fedweigh: NVFlare must refuse to build it;
 4. ``provisioning/allow_fedweigh.py`` adds provisioning/resources.json to the server's and every
    hospital's allow-list; a hospital's org_admin tries to submit (refused);
-5. the same FedDRAW job runs twice at once, deployed both ways, each with the PNB loss and therefore
-   a secure label-statistics phase under the HE contexts HEBuilder put in the kits:
+5. the same three-round FedDRAW job runs three times at once, each with the PNB loss and therefore a
+   secure label-statistics phase under the HE contexts HEBuilder put in the kits:
    - whole package bundled in the job (bring-your-own-code), submitted by a hospital lead through
-     the FLARE API session (what the admin console does), monitored, downloaded;
+     the FLARE API session, monitored, downloaded;
    - no code in the job, for the installed and allow-listed package, with ``nvflare job submit``,
-     ``nvflare job wait`` and ``nvflare job download``; this one also encrypts the model updates
-     (``he=True``) with the kits' contexts: the server aggregates ciphertexts and each hospital keeps
-     the decrypted global model.
+     ``nvflare job wait`` and ``nvflare job download``; the two deployments must give the same
+     records and the same global model, bit for bit;
+   - installed, with encrypted model updates (``he=True``) under the kits' contexts, submitted with
+     ``submit_job`` in the admin console: the server aggregates ciphertexts and every hospital
+     decrypts the same global model;
+6. the admin console shows the connected hospitals and the jobs, then shuts the sites and the
+   server down (docs/deploy.md); every process of the federation must end by itself.
 
 Expected values, by hand: every hospital trains one epoch with batch 18, so its sample count is its
-training-set size, N = (180, 270, 360) of 810. FedDRAW (beta_max 1, two rounds) gives w = N_k / N in
-round 1 (lambda 0, beta 1) = (2/9, 1/3, 4/9) and 1/K = 1/3 in its last round (beta 0). The global
+training-set size, N = (180, 270, 360) of 810. FedDRAW (beta_max 1, three rounds) gives w = N_k / N in
+round 1 (lambda 0, beta 1) = (2/9, 1/3, 4/9), 1/K = 1/3 in its last round (beta 0), and in round 2 the
+tempered mix of the size prior and the spread similarities, whose least similar site gets 0. The global
 histogram every hospital decrypts is the sum of the three training histograms.
 """
 
@@ -33,6 +39,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +53,8 @@ from poc_utils import (
     PROJECT_YML,
     REPO,
     Federation,
+    admin_console,
+    federation_python,
     free_ports,
     loopback_project,
     move_server_storage,
@@ -72,8 +81,10 @@ SITE_DATA = {
     "hospital-c": {"dataset": "synthcxr", "num_images": 400, "seed": 3},
 }
 TRAIN_SIZES = {"hospital-a": 180, "hospital-b": 270, "hospital-c": 360}
-ROUNDS = 2
+ROUNDS = 3
 JOB_TIMEOUT = 600
+# the federation's set-up, three jobs and its shutdown run in the first test that uses it
+pytestmark = pytest.mark.timeout(1500)
 
 
 @dataclass
@@ -86,6 +97,8 @@ class PocRun:
     org_admin_error: str = ""
     jobs: dict[str, dict] = field(default_factory=dict)
     wall: dict[str, float] = field(default_factory=dict)
+    console: dict[str, str] = field(default_factory=dict)  # what the admin console printed, by step
+    still_running_after_shutdown: list[str] = field(default_factory=list)
 
 
 def _export_jobs(out: Path) -> dict[str, Path]:
@@ -112,7 +125,8 @@ def _export_jobs(out: Path) -> dict[str, Path]:
     return {
         "refused": export_recipe(feddraw("feddraw_refused"), out, site_installed=True),
         "bundle": export_recipe(feddraw("feddraw_bundle", bundle=True), out, bundle=True),
-        "installed": export_recipe(feddraw("feddraw_installed", he=True), out, site_installed=True),
+        "installed": export_recipe(feddraw("feddraw_installed"), out, site_installed=True),
+        "he": export_recipe(feddraw("feddraw_he", he=True), out, site_installed=True),
     }
 
 
@@ -169,7 +183,10 @@ def poc(tmp_path_factory):
     run = PocRun(prod=prod, root=root)
     run.wall["provision_and_export"] = time.monotonic() - start
 
-    fed = Federation(prod, SERVER, list(HOSPITALS), env, site_python(True), root / "logs")
+    import fedweigh
+
+    python = federation_python(root / "python", Path(fedweigh.__file__).resolve().parents[1])
+    fed = Federation(prod, SERVER, list(HOSPITALS), env, site_python(True, python), root / "logs")
     sessions = []
     try:
         fed.start()
@@ -195,7 +212,13 @@ def poc(tmp_path_factory):
             run.org_admin_error = f"{type(e).__name__}: {e}"
         run.wall["refusals"] = time.monotonic() - start
 
-        # 5. the same job, both code deployments, both submission routes, at once
+        # 5. the same job three ways at once: the package installed (plaintext updates, `nvflare job
+        # submit`) and bundled (plaintext, the FLARE API as a hospital lead), and installed with encrypted
+        # updates, submitted in the admin console
+        run.console["submit"] = admin_console(
+            prod / PROJECT_ADMIN, PROJECT_ADMIN, [f"submit_job {jobs['he']}"], cli_env
+        )
+        he_id = re.search(r"Submitted job: ([0-9a-f-]{36})", run.console["submit"]).group(1)
         submitted = nvflare_json(
             ["job", "submit", "-j", str(jobs["installed"])], prod / PROJECT_ADMIN, cli_env, root
         )
@@ -206,6 +229,9 @@ def poc(tmp_path_factory):
         sessions.append(lead)
         bundle_id = lead.submit_job(str(jobs["bundle"]))
         run.wall["submitted"] = time.monotonic() - start
+        run.console["status"] = admin_console(
+            prod / PROJECT_ADMIN, PROJECT_ADMIN, ["check_status client", "list_jobs"], cli_env
+        )
 
         monitored = lead.monitor_job(bundle_id, timeout=JOB_TIMEOUT, poll_interval=2.0)
         meta = wait_for_job(lead, bundle_id, fed, timeout=60)
@@ -228,7 +254,23 @@ def poc(tmp_path_factory):
             "wait": waited,
             **_result(Path(downloaded["data"]["download_path"])),
         }
+        meta = wait_for_job(admin, he_id, fed, timeout=JOB_TIMEOUT)
+        run.jobs["he"] = {"job_id": he_id, "meta": meta, **_result(Path(admin.download_job_result(he_id)))}
         run.wall["jobs"] = time.monotonic() - start
+
+        # 6. stop the federation from the admin console (docs/deploy.md, "Stop"): every site, then the server
+        for sess in sessions:
+            with contextlib.suppress(Exception):
+                sess.close()
+        sessions.clear()
+        run.console["shutdown"] = admin_console(
+            prod / PROJECT_ADMIN,
+            PROJECT_ADMIN,
+            ["shutdown client", PROJECT_ADMIN, "shutdown server", PROJECT_ADMIN, "bye"],
+            cli_env,
+        )
+        run.still_running_after_shutdown = fed.wait_until_ended(timeout=90)
+        run.wall["shut_down"] = time.monotonic() - start
         yield run
     finally:
         for sess in sessions:
@@ -244,6 +286,35 @@ def poc(tmp_path_factory):
 def _weights(rows: list[dict], round_index: int) -> dict[str, float]:
     row = next(r for r in rows if r["round"] == round_index)
     return row["weights"]
+
+
+def _assert_feddraw_weights(rows: list[dict]) -> None:
+    """FedDRAW's weights by hand: N_k / N in round 1 (lambda 0, beta 1), 1/K in the last round (beta 0), and
+    in round 2 r = (1 - lambda) p + lambda s^ tempered by beta, where s^ is the min-max spread of the
+    similarities (non-negative, summing to one, 0 for the least similar site)."""
+    total = sum(TRAIN_SIZES.values())
+    p = np.array([TRAIN_SIZES[s] / total for s in HOSPITALS])
+    assert _weights(rows, 1) == pytest.approx(dict(zip(HOSPITALS, p, strict=True)), abs=1e-12)
+    assert _weights(rows, ROUNDS) == pytest.approx({s: 1 / 3 for s in HOSPITALS}, abs=1e-12)
+    second = next(r for r in rows if r["round"] == 2)
+    lam, beta = second["lambda"], second["beta"]
+    assert 0.0 < lam < 1.0 and 0.0 < beta < 1.0
+    w = np.array([second["weights"][s] for s in HOSPITALS])
+    r = w ** (1.0 / beta) / np.sum(w ** (1.0 / beta))
+    s_hat = (r - (1.0 - lam) * p) / lam
+    assert s_hat.min() == pytest.approx(0.0, abs=1e-9) and s_hat.sum() == pytest.approx(1.0, abs=1e-9)
+    assert s_hat.max() > 0.05  # the similarities moved the weights away from the size prior
+    assert np.max(np.abs(w - p)) > 1e-3 and np.max(np.abs(w - 1 / 3)) > 1e-3
+
+
+def _initial_model() -> dict[str, np.ndarray]:
+    """The jobs' initial global model, as the server's persistor builds it."""
+    from dataclasses import asdict
+
+    from fedweigh.flare.recipes import ModelSpec
+    from fedweigh.models import FedweighNet
+
+    return {k: v.numpy() for k, v in FedweighNet(**asdict(ModelSpec(seed=0))).state_dict().items()}
 
 
 def _train_histograms() -> dict[str, np.ndarray]:
@@ -415,11 +486,7 @@ def test_feddraw_bundled_job_through_the_flare_api(poc):
     assert job["monitor"].endswith("FINISHED")
     assert job["meta"]["submitter_name"] == LEAD and job["meta"]["submitter_role"] == "lead"
     assert job["meta"].get("byoc") is True
-    total = sum(TRAIN_SIZES.values())
-    assert _weights(job["rows"], 1) == pytest.approx(
-        {s: n / total for s, n in TRAIN_SIZES.items()}, abs=1e-12
-    )
-    assert _weights(job["rows"], 2) == pytest.approx({s: 1 / 3 for s in HOSPITALS}, abs=1e-12)
+    _assert_feddraw_weights(job["rows"])
     # the server and every hospital imported fedweigh from the job (bytecode next to the bundled copy)
     assert (job["server_app"] / "custom" / "fedweigh" / "__pycache__").is_dir()
     for site in HOSPITALS:
@@ -434,22 +501,43 @@ def test_feddraw_site_installed_job_with_nvflare_job_submit(poc):
     assert job["wait"]["exit_code"] == 0 and job["wait"]["data"]["status"] == JOB_COMPLETED, job["wait"]
     assert job["meta"]["submitter_name"] == PROJECT_ADMIN and not job["meta"].get("byoc")
     assert not (job["server_app"] / "custom").exists()
-    total = sum(TRAIN_SIZES.values())
-    assert _weights(job["rows"], 1) == pytest.approx(
-        {s: n / total for s, n in TRAIN_SIZES.items()}, abs=1e-12
-    )
-    assert _weights(job["rows"], 2) == pytest.approx({s: 1 / 3 for s in HOSPITALS}, abs=1e-12)
+    _assert_feddraw_weights(job["rows"])
+
+
+@pytest.mark.slow
+def test_both_code_deployments_train_the_same_model(poc):
+    """Same data, seeds and code: the bundled and the installed package give the same records and the
+    same global model, to the last bit, although the two jobs ran at the same time at every site."""
+    from simulation import saved_float_params
+
+    bundle, installed = poc.jobs["bundle"], poc.jobs["installed"]
+    _assert_completed(bundle)
+    _assert_completed(installed)
+    server_only = ("round_seconds", "server_rss_mb", "server_peak_rss_mb")
+    for mine, theirs in zip(installed["rows"], bundle["rows"], strict=True):
+        assert {k: v for k, v in mine.items() if k not in server_only} == {
+            k: v for k, v in theirs.items() if k not in server_only
+        }, mine["round"]
+    a = saved_float_params(bundle["server_app"] / "FL_global_model.pt")
+    b = saved_float_params(installed["server_app"] / "FL_global_model.pt")
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    initial = _initial_model()
+    assert max(float(np.max(np.abs(a[k] - initial[k]))) for k in a) > 1e-2  # three rounds moved it
 
 
 @pytest.mark.slow
 def test_he_model_updates_with_the_kits_contexts(poc):
     from fedweigh.flare.client import HE_SITE_MODEL_FILE
 
-    job = poc.jobs["installed"]
+    job = poc.jobs["he"]
     _assert_completed(job)
+    _assert_feddraw_weights(job["rows"])
     # the server aggregated ciphertexts: it holds no plaintext global model, each hospital the decrypted one
     assert not (job["server_app"] / "FL_global_model.pt").exists()
     assert not (job["server_app"] / "fedweigh_global.npz").exists()
+    assert (job["server_app"] / "fedweigh_he_global.npz").is_file()
     models = {}
     for site in HOSPITALS:
         found = list((poc.prod / site).rglob(HE_SITE_MODEL_FILE.format(job_id=job["job_id"])))
@@ -457,14 +545,34 @@ def test_he_model_updates_with_the_kits_contexts(poc):
         with np.load(found[0]) as z:
             models[site] = {k: z[k] for k in z.files}
     first, *others = models.values()
-    for other in others:  # every hospital decrypted the same global model
+    for other in others:  # every hospital decrypted the same ciphertext with the same key: the same model
         assert other.keys() == first.keys()
-        assert max(float(np.max(np.abs(other[k] - first[k]))) for k in first) < 1e-3
+        for key in first:
+            np.testing.assert_array_equal(other[key], first[key], err_msg=key)
     assert all(np.isfinite(v).all() for v in first.values())
+    initial = _initial_model()
+    floats = [k for k in initial if initial[k].dtype.kind == "f"]
+    assert max(float(np.max(np.abs(first[k] - initial[k]))) for k in floats) > 1e-2  # three rounds moved it
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("job_name", ["bundle", "installed"])
+def test_admin_console_commands_of_the_deployment_guide(poc):
+    """docs/deploy.md: `submit_job`, `check_status client`, `list_jobs`, `shutdown client`, `shutdown
+    server` and `bye` in the admin console (typed into startup/fl_admin.sh)."""
+    submitted = poc.console["submit"]
+    assert f"Submitted job: {poc.jobs['he']['job_id']}" in submitted
+    status = poc.console["status"]
+    for site in HOSPITALS:
+        assert re.search(rf"\|\s*{site}\s*\|", status), status[-3000:]
+    for job in poc.jobs.values():
+        assert job["job_id"] in status  # list_jobs lists every submitted job
+    # shutting the sites and then the server down from the console ended every process of the federation
+    assert "Confirm with User Name" in poc.console["shutdown"]
+    assert poc.still_running_after_shutdown == [], poc.console["shutdown"][-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job_name", ["bundle", "installed", "he"])
 def test_secure_statistics_with_the_kits_he_contexts(poc, job_name):
     from fedweigh.flare.statistics import GLOBAL_STATS_FILE
 
@@ -491,3 +599,4 @@ def test_secure_statistics_with_the_kits_he_contexts(poc, job_name):
 def test_downloads_land_where_asked(poc):
     assert poc.jobs["bundle"]["folder"].parent == poc.prod / LEAD / "transfer"
     assert poc.jobs["installed"]["folder"].is_relative_to(poc.root / "downloads")
+    assert poc.jobs["he"]["folder"].parent == poc.prod / PROJECT_ADMIN / "transfer"

@@ -105,17 +105,41 @@ def test_stopped_and_resumed_he_run_continues_from_the_encrypted_state(tmp_path)
     assert trained_rounds(workspace) == {"server": [3], "site-1": [3], "site-2": [3]}
     assert [r for r in rows2 if r["round"] < 2] == [r for r in rows1 if r["round"] < 2]
 
+    # the server kept no plaintext model: no persistor file, no plaintext state, only ciphertext (with full
+    # encryption only the integer buffers travel in clear)
+    for app in (app1, app2):
+        assert not (app / "FL_global_model.pt").exists() and not (app / "fedweigh_global.npz").exists()
+    with np.load(app2 / "fedweigh_he_global.npz") as npz:
+        clear = [f for f in npz.files if f.startswith("clear/")]
+        assert any(f.startswith("enc/") for f in npz.files)
+        assert clear and all(f.endswith("num_batches_tracked") for f in clear)
+
     # every site decrypted the same final model, which is the plaintext path's after three rounds
     initial, reference, ref_weights = plaintext_reference("feddraw", CLIENT, False, rounds, SITES)
     site_models = []
     for k in range(SITES):
         with np.load(workspace / f"site-{k + 1}" / HE_SITE_MODEL_FILE.format(job_id="simulate_job")) as npz:
             site_models.append({f: npz[f] for f in npz.files})
-    floats = [k for k in reference if reference[k].dtype.kind == "f"]
     for key in site_models[0]:
         np.testing.assert_array_equal(site_models[0][key], site_models[1][key])
+    assert sorted(site_models[0]) == sorted(reference)
+    floats = [k for k in reference if reference[k].dtype.kind == "f"]
     he_final = {k: site_models[0][k] for k in floats}
-    assert largest_difference(he_final, {k: reference[k].astype(np.float64) for k in floats}) < TOL
-    assert largest_difference(he_final, {k: initial[k].astype(np.float64) for k in floats}) > MOVED
+
+    def distance(model: dict) -> float:
+        return largest_difference(he_final, {k: model[k].astype(np.float64) for k in floats})
+
+    assert distance(reference) < TOL
+    assert distance(initial) > MOVED
+    for key in (k for k in reference if k not in floats):  # integer buffers: the scheme's rule, exactly
+        np.testing.assert_array_equal(site_models[0][key], reference[key])
+    # each round's weights, rounds 1-2 carried over from the first part; FedDRAW's similarities moved
+    # them away from FedAvg's 1/2, and the tolerance tells that apart (FedAvg's equal weights end > 2 TOL away)
     by_round = {r["round"]: r for r in rows2}
-    assert by_round[3]["weights"] == pytest.approx(ref_weights[2], abs=1e-5)
+    assert sorted(by_round) == list(range(rounds + 1))
+    for t in range(1, rounds + 1):
+        assert by_round[t]["weights"] == pytest.approx(ref_weights[t - 1], abs=1e-5)
+        assert sum(by_round[t]["weights"].values()) == pytest.approx(1.0, abs=1e-9)
+    assert max(abs(w - 0.5) for r in ref_weights for w in r.values()) > 0.02
+    _, equal_weights, _ = plaintext_reference("fedavg", CLIENT, False, rounds, SITES)
+    assert distance(equal_weights) > 2 * TOL

@@ -302,6 +302,23 @@ def test_state_survives_save_and_load(contexts, tmp_path):
     assert len(chunks) == restored.layout.num_chunks
 
 
+def test_a_state_resumed_under_other_keys_is_refused_at_the_sites(contexts, tmp_path):
+    """docs/deploy.md: a run resumed under other keys fails when the sites decrypt the saved model."""
+    secret, public = contexts
+    g0 = small_model()
+    server = EncryptedGlobalModel(public, g0)
+    sites = [trained(g0, k, 1) for k in range(2)]
+    reports = [ClientReport(name=f"s{k}", num_samples=10) for k in range(2)]
+    he_round(server, secret, g0, sites, reports, get_scheme("fedavg"), 1, 2)
+    server.save(tmp_path / "he.npz")
+    other_secret = make_context()  # new keys (another provisioning, or a new simulator run)
+    other_public = context_from_bytes(serialize_context(other_secret, with_secret_key=False), role="server")
+    resumed = EncryptedGlobalModel(other_public, g0)
+    resumed.load(tmp_path / "he.npz")
+    with pytest.raises(ValueError, match="another key"):
+        decode_global(other_secret, resumed.task_params(), resumed.meta(), g0)
+
+
 # --------------------------------------------------------------------------------------- schemes
 @pytest.mark.parametrize(
     ("name", "options", "reason"),
