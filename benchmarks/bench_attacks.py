@@ -76,10 +76,12 @@ ARGS = ClientArgs(
 SITE_MIN = PROVISIONED_DEFAULT.min_secure_sum
 #: The server's quorum: the controller's default min_secure_sum (3) for a federation of 4.
 SERVER_FLOOR = server_floor(3, len(SITES))
-TRAIN_TIMEOUT = 60  # simulator runs: seconds the server waits for a round's results
+#: Simulator runs: seconds the server waits for a round's results. Round 1 includes every site's
+#: start-up (four client processes on two shared cores), which must fit in it.
+TRAIN_TIMEOUT = 150
+SILENT_S = TRAIN_TIMEOUT + 15
 #: Federations without an attacker on which the defaults' cost is measured (FedAvg, in process).
 HONEST_COST = (("quantity-shift", 0), ("quantity-shift", 1), ("quantity-shift", 2), ("label-a0.5", 0))
-SILENT_S = TRAIN_TIMEOUT + 15
 
 
 @dataclass(frozen=True)
@@ -379,6 +381,8 @@ def run_in_simulator(kind: str | None, workdir: Path) -> RunResult:
     rows = {r["round"]: r for r in load_rows(app / "fedweigh_metrics.json")}
     stalled = [t for t in range(1, ROUNDS + 1) if not rows.get(t, {}).get("global_updated")]
     notes = [r["excluded"][ATTACKER] for t, r in sorted(rows.items()) if ATTACKER in r.get("excluded", {})]
+    for t in stalled:  # why a round left the model unchanged: every site's reason
+        notes.append(f"round {t} unchanged: {rows.get(t, {}).get('excluded', 'no record')}")
     weight = max((r.get("weights", {}).get(ATTACKER, 0.0) for r in rows.values()), default=0.0)
     completed = ROUNDS in rows and "test_auc" in rows[ROUNDS]
     auc = float(rows[ROUNDS]["test_auc"]) if completed else float("nan")
@@ -387,13 +391,19 @@ def run_in_simulator(kind: str | None, workdir: Path) -> RunResult:
 
 # --------------------------------------------------------------------------------------- report
 def _why(notes: list[str]) -> str:
-    """The distinct reasons, site name and repeated rounds removed, shortest first."""
-    seen: list[str] = []
+    """The distinct reasons (site name removed; notes that differ only in their figures, such as the
+    norms of each round, counted once with the number of rounds)."""
+    import re
+
+    groups: dict[str, list[str]] = {}
     for note in notes:
         text = note.replace(f"{ATTACKER}: ", "").replace(f"{ATTACKER} ", "")
-        if text not in seen:
-            seen.append(text)
-    return "; ".join(seen) if seen else "-"
+        groups.setdefault(re.sub(r"[-+]?\d[\d.e+]*", "#", text), []).append(text)
+    parts = [
+        texts[0] + (f" (and so in {len(texts) - 1} more round(s))" if len(texts) > 1 else "")
+        for texts in groups.values()
+    ]
+    return "; ".join(parts) if parts else "-"
 
 
 def markdown_table(record: dict) -> str:
