@@ -26,7 +26,9 @@ Paths (the column ``path``):
   is on the transport itself: a silent site (the server waits ``train_timeout``) and a crashing one.
 
 AUC drop = clean AUC - attacked AUC of the global model after the last round, on the test set, against
-the clean run of the same method and path. "Crashed or stalled": the job did not finish, or a
+the clean run of the same method and path. Last, the cost of the defaults without any attacker:
+FedAvg on skewed federations (quantity skew, label skew) with the defaults and with the weight cap,
+norm bound and direction check off. "Crashed or stalled": the job did not finish, or a
 training round left the global model unchanged. The last line reads
 ``attacks: N tried, C crashed or stalled, worst AUC drop D``.
 """
@@ -74,8 +76,12 @@ ARGS = ClientArgs(
 SITE_MIN = PROVISIONED_DEFAULT.min_secure_sum
 #: The server's quorum: the controller's default min_secure_sum (3) for a federation of 4.
 SERVER_FLOOR = server_floor(3, len(SITES))
-TRAIN_TIMEOUT = 60  # simulator runs: seconds the server waits for a round's results
+#: Simulator runs: seconds the server waits for a round's results. Round 1 includes every site's
+#: start-up (four client processes on two shared cores), which must fit in it.
+TRAIN_TIMEOUT = 150
 SILENT_S = TRAIN_TIMEOUT + 15
+#: Federations without an attacker on which the defaults' cost is measured (FedAvg, in process).
+HONEST_COST = (("quantity-shift", 0), ("quantity-shift", 1), ("quantity-shift", 2), ("label-a0.5", 0))
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,9 @@ class RunResult:
     auc: float
     seconds: float
     error: str = ""
+    #: over all sites and rounds: results left out, and updates scaled down to the norm bound
+    left_out: int = 0
+    bounded: int = 0
 
 
 # --------------------------------------------------------------------------------------- keys
@@ -249,7 +258,7 @@ def _statistics_phase(trainers: dict[str, SiteTrainer], kind: str | None, keys: 
     return notes
 
 
-def run_in_process(fed, method_name: str, kind: str | None, keys: Keys) -> RunResult:
+def run_in_process(fed, method_name: str, kind: str | None, keys: Keys, defences: bool = True) -> RunResult:
     from fedweigh.secure.updates import EncryptedGlobalModel, decode_global, encode_update
 
     start = time.perf_counter()
@@ -263,11 +272,19 @@ def run_in_process(fed, method_name: str, kind: str | None, keys: Keys) -> RunRe
         notes += _statistics_phase(trainers, kind, keys)
     backend = EncryptedGlobalModel(keys.public, g0) if method.he else PlaintextBackend(g0)
     scheme = get_scheme(method.scheme, **method.scheme_args)
+    off = {} if defences else {"max_share": None, "update_norm_bound": None, "min_update_cosine": None}
     step = RoundStep(
-        scheme, backend, num_rounds=ROUNDS, min_clients=2, min_secure_sum=SERVER_FLOOR, log=lambda m: None
+        scheme,
+        backend,
+        num_rounds=ROUNDS,
+        min_clients=2,
+        min_secure_sum=SERVER_FLOOR,
+        log=lambda m: None,
+        **off,
     )
     memory: dict = {}
     stalled, weight = [], 0.0
+    left_out = bounded = 0
     g = g0
     for t in range(1, ROUNDS + 1):
         if method.he:
@@ -290,6 +307,8 @@ def run_in_process(fed, method_name: str, kind: str | None, keys: Keys) -> RunRe
                 result = _tamper(kind, result, g, t, memory, keys)
             results.append(result)
         outcome = step.run(t, results, list(SITES))
+        left_out += len(outcome.excluded)
+        bounded += len(outcome.bounded)
         if not outcome.updated:
             stalled.append(t)
         for note in (outcome.excluded.get(ATTACKER), outcome.bounded.get(ATTACKER)):
@@ -307,7 +326,9 @@ def run_in_process(fed, method_name: str, kind: str | None, keys: Keys) -> RunRe
         final = backend.task_params()
     set_params(scorer, final)
     auc = float(evaluate(scorer, fed.test)["auc"])
-    return RunResult(True, stalled, notes, weight, auc, time.perf_counter() - start)
+    return RunResult(
+        True, stalled, notes, weight, auc, time.perf_counter() - start, left_out=left_out, bounded=bounded
+    )
 
 
 # --------------------------------------------------------------------------------------- simulator
@@ -360,6 +381,8 @@ def run_in_simulator(kind: str | None, workdir: Path) -> RunResult:
     rows = {r["round"]: r for r in load_rows(app / "fedweigh_metrics.json")}
     stalled = [t for t in range(1, ROUNDS + 1) if not rows.get(t, {}).get("global_updated")]
     notes = [r["excluded"][ATTACKER] for t, r in sorted(rows.items()) if ATTACKER in r.get("excluded", {})]
+    for t in stalled:  # why a round left the model unchanged: every site's reason
+        notes.append(f"round {t} unchanged: {rows.get(t, {}).get('excluded', 'no record')}")
     weight = max((r.get("weights", {}).get(ATTACKER, 0.0) for r in rows.values()), default=0.0)
     completed = ROUNDS in rows and "test_auc" in rows[ROUNDS]
     auc = float(rows[ROUNDS]["test_auc"]) if completed else float("nan")
@@ -368,13 +391,54 @@ def run_in_simulator(kind: str | None, workdir: Path) -> RunResult:
 
 # --------------------------------------------------------------------------------------- report
 def _why(notes: list[str]) -> str:
-    """The distinct reasons, site name and repeated rounds removed, shortest first."""
-    seen: list[str] = []
+    """The distinct reasons (site name removed; notes that differ only in their figures, such as the
+    norms of each round, counted once with the number of rounds)."""
+    import re
+
+    groups: dict[str, list[str]] = {}
     for note in notes:
         text = note.replace(f"{ATTACKER}: ", "").replace(f"{ATTACKER} ", "")
-        if text not in seen:
-            seen.append(text)
-    return "; ".join(seen) if seen else "-"
+        groups.setdefault(re.sub(r"[-+]?\d[\d.e+]*", "#", text), []).append(text)
+    parts = [
+        texts[0] + (f" (and so in {len(texts) - 1} more round(s))" if len(texts) > 1 else "")
+        for texts in groups.values()
+    ]
+    return "; ".join(parts) if parts else "-"
+
+
+def markdown_table(record: dict) -> str:
+    """The results of a run (its JSON) as the table of docs/security.md."""
+    lines = [
+        "| attack | path | job completed | site-4 left out or bounded, and why | largest weight of site-4 "
+        "| AUC | clean AUC | AUC drop |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["attacks"]:
+        done = "yes" if r["completed"] and not r["crashed_or_stalled"] else "NO"
+        lines.append(
+            f"| {r['attack']} | {r['path']} | {done} | {r['why']} | {r['attacker_max_weight']:.3f} "
+            f"| {r['auc']:.4f} | {r['clean_auc']:.4f} | {r['auc_drop']:+.4f} |"
+        )
+    if record.get("honest_cost"):
+        lines += [
+            "",
+            "| federation without attacker (FedAvg) | training images per site | AUC, defaults | AUC, checks "
+            "off | difference | site-rounds left out / bounded |",
+            "|---|---|---|---|---|---|",
+        ]
+        for h in record["honest_cost"]:
+            lines.append(
+                f"| {h['scenario']}, seed {h['seed']} | {', '.join(map(str, h['train_sizes']))} "
+                f"| {h['auc_defaults']:.4f} | {h['auc_without']:.4f} | {h['difference']:+.4f} "
+                f"| {h['site_rounds_left_out']} / {h['site_rounds_bounded']} |"
+            )
+    s = record["summary"]
+    lines.append("")
+    lines.append(
+        f"attacks: {s['tried']} tried, {s['crashed_or_stalled']} crashed or stalled, worst AUC drop "
+        f"{s['worst_auc_drop']:.4f}"
+    )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,7 +447,13 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=None, help="JSON file for the results (e.g. docs/security/attacks.json)"
     )
     parser.add_argument("--skip-simulator", action="store_true", help="run only the in-process attacks")
+    parser.add_argument(
+        "--markdown", default=None, help="print the table of a results JSON and exit (no run)"
+    )
     ns = parser.parse_args(argv)
+    if ns.markdown:
+        print(markdown_table(json.loads(Path(ns.markdown).read_text())))
+        return 0
     torch.set_num_threads(1)
     os.environ.setdefault("FEDWEIGH_CACHE", str(Path(tempfile.gettempdir()) / "fedweigh-bench-cache"))
     fed = build_federation(
@@ -439,6 +509,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"drop {r['auc_drop']:+.4f})  {r['why']}",
                 flush=True,
             )
+    # what the defaults cost a federation without attacker: FedAvg on skewed federations, defaults on and off
+    honest = []
+    for scenario, seed in HONEST_COST:
+        skewed = build_federation(
+            scenario, ARGS.dataset, size=ARGS.size, seed=seed, num_images=ARGS.num_images
+        )
+        on = run_in_process(skewed, "fedavg", None, keys)
+        free = run_in_process(skewed, "fedavg", None, keys, defences=False)
+        honest.append(
+            {
+                "scenario": scenario,
+                "seed": seed,
+                "train_sizes": [len(site.train) for site in skewed.sites],
+                "auc_defaults": round(on.auc, 4),
+                "auc_without": round(free.auc, 4),
+                "difference": round(on.auc - free.auc, 4),
+                "site_rounds_left_out": on.left_out,
+                "site_rounds_bounded": on.bounded,
+            }
+        )
+        h = honest[-1]
+        print(
+            f"honest {scenario} seed {seed} sizes {h['train_sizes']}: AUC {h['auc_defaults']:.4f} with the "
+            f"defaults, {h['auc_without']:.4f} without ({h['difference']:+.4f}); site-rounds left out "
+            f"{h['site_rounds_left_out']}, bounded {h['site_rounds_bounded']}",
+            flush=True,
+        )
     failed = sum(r["crashed_or_stalled"] for r in rows)
     drops = [r["auc_drop"] for r in rows if not np.isnan(r["auc_drop"])]
     worst = max(drops) if drops else float("nan")
@@ -465,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "clean_auc": {k: round(v.auc, 4) for k, v in clean.items()},
             "attacks": rows,
+            "honest_cost": honest,
             "summary": summary,
         }
         out.write_text(json.dumps(record, indent=1) + "\n")

@@ -4,13 +4,17 @@ One DAFL job (DAFL loss, so a secure label-statistics phase; size weights, so th
 for no scalar at all) with homomorphically encrypted updates, 3 sites, 2 rounds, in
 ``nvflare simulator``. A task-result filter (tests/audit_filter.py) records every message the server
 receives before the controller reads it, in every phase: statistics (collect, distribute), training
-rounds, and the final evaluation. The test then searches all of them for:
+rounds, and the final evaluation; a component records every event the sites send it. The test then
+searches all of them for:
 
 - any site's plaintext label histogram h_k, the global histogram H, and the statistics vector's
   N_k c_k, as numbers in any array, list, number or text;
 - any scalar the plan did not ask for: DAFL's client imbalance c_k, CBR's skew, FedDisco's
   discrepancy (all computed here from the sites' true data), and any ``fedweigh_scalars`` entry;
 - any floating-point model array in clear (under HE every update travels as ciphertext).
+
+The metrics each site's tracking writer streams to the server (NVFlare events, recorded by a
+component) are searched the same way.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ def _export(tmp_path: Path, audit_dir: Path) -> Path:
             "filters": [{"path": "audit_filter.AuditFilter", "args": {"out_dir": str(audit_dir)}}],
         }
     ]
+    config["components"].append(
+        {"id": "audit_events", "path": "audit_filter.AuditEventRecorder", "args": {"out_dir": str(audit_dir)}}
+    )
     server_config.write_text(json.dumps(config, indent=2))
     shutil.copyfile(
         Path(__file__).with_name("audit_filter.py"),
@@ -151,12 +158,16 @@ def test_the_run_completes_and_every_phase_was_audited(audited_run):
     for t in range(1, ROUNDS + 1):
         assert rows[t]["global_updated"] and set(rows[t]["weights"]) == set(SITES), rows[t]
     assert "test_auc" in rows[ROUNDS]  # the final evaluation reached the server
-    tasks = [(m["task"], m["site"]) for m in audited_run["messages"]]
+    tasks = [(m["task"], m["site"]) for m in audited_run["messages"] if not m["task"].startswith("event:")]
     for site in SITES:
         assert tasks.count(("stats", site)) == 2  # collect and distribute
         assert tasks.count(("train", site)) == ROUNDS
         assert tasks.count(("validate", site)) == 1
     assert len(tasks) == len(SITES) * (2 + ROUNDS + 1)
+    # and the metrics each site's tracking writer streams to the server, as events
+    events = [m for m in audited_run["messages"] if m["task"] == "event:fed.analytix_log_stats"]
+    assert {m["site"] for m in events} == set(SITES)
+    assert any("val_auc" in json.dumps(m["leaves"]) for m in events)
 
 
 @pytest.mark.slow

@@ -593,6 +593,8 @@ def test_secure_statistics_with_the_kits_he_contexts(poc, job_name):
     for site in HOSPITALS:
         site_log = (poc.prod / site / job["job_id"] / "log.txt").read_text(errors="replace")
         assert f"{site}/startup/client_context.tenseal" in site_log, site
+        # no local/fedweigh_policy.json: the hospitals ran under the default policy of a provisioned site
+        assert "site policy from default policy of a provisioned site" in site_log, site
 
 
 @pytest.mark.slow

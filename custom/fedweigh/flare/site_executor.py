@@ -5,8 +5,9 @@ when their class paths are in the site's ``class_allow_list`` (``local/resources
 own ``ClientAPIExecutor`` is not in the default list, and allow-listing it would let any job run a
 script or command of its choosing. :class:`InstalledClientExecutor` instead runs exactly one script,
 the ``fedweigh_client.py`` of the fedweigh package installed at the site; the job chooses only the
-script's arguments. Allow-listing the prefix ``fedweigh.`` therefore admits fedweigh's own code and
-nothing else (see docs/deploy.md and provisioning/resources.json).
+script's arguments. The site allow-lists this class and fedweigh's other components by their exact
+class paths, never the package prefix (which would let a job call any function of the package with
+arguments of its choosing); see docs/deploy.md and provisioning/resources.json.
 """
 
 from __future__ import annotations
