@@ -4,17 +4,14 @@ One DAFL job (DAFL loss, so a secure label-statistics phase; size weights, so th
 for no scalar at all) with homomorphically encrypted updates, 3 sites, 2 rounds, in
 ``nvflare simulator``. A task-result filter (tests/audit_filter.py) records every message the server
 receives before the controller reads it, in every phase: statistics (collect, distribute), training
-rounds, and the final evaluation; a component records every event the sites send it. The test then
-searches all of them for:
+rounds, and the final evaluation; a component records every event the sites send it (the metrics
+each site's tracking writer streams). The test then searches all of them for:
 
 - any site's plaintext label histogram h_k, the global histogram H, and the statistics vector's
   N_k c_k, as numbers in any array, list, number or text;
 - any scalar the plan did not ask for: DAFL's client imbalance c_k, CBR's skew, FedDisco's
   discrepancy (all computed here from the sites' true data), and any ``fedweigh_scalars`` entry;
 - any floating-point model array in clear (under HE every update travels as ciphertext).
-
-The metrics each site's tracking writer streams to the server (NVFlare events, recorded by a
-component) are searched the same way.
 """
 
 from __future__ import annotations

@@ -87,6 +87,20 @@ def test_a_bad_policy_file_is_named_with_its_field(tmp_path, content, message):
     assert str(path) in str(e.value)
 
 
+def test_the_cli_shows_the_policy_a_site_runs_under(tmp_path, monkeypatch, capsys):
+    from fedweigh.cli import main
+
+    monkeypatch.delenv(SITE_POLICY_ENV, raising=False)
+    hospital = _kit(tmp_path / "hospital-a", provisioned=True)
+    assert main(["policy", str(hospital)]) == 0
+    out = capsys.readouterr().out
+    assert "default policy of a provisioned site" in out and '"min_secure_sum": 3' in out
+    (hospital / "local" / "fedweigh_policy.json").write_text('{"min_secure_sum": "three"}')
+    assert main(["policy", str(hospital)]) == 2
+    out = capsys.readouterr().out
+    assert "fedweigh_policy.json: min_secure_sum must be an integer" in out
+
+
 # ---------------------------------------------------------------------------------- judging jobs
 def test_job_refusals_name_what_the_job_lacks():
     strict = SitePolicy(require_dp=True, require_statistics_dp=True, max_epsilon_per_job=5.0, source="test")

@@ -233,6 +233,21 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    import json
+
+    from fedweigh.policy import load_site_policy
+
+    try:
+        policy = load_site_policy(args.kit)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}")
+        return 2
+    print(f"site policy: {policy.source}")
+    print(json.dumps(policy.as_dict(), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedweigh", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedweigh {package_version()}")
@@ -275,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     code.add_argument(
         "--site-installed",
         action="store_true",
-        help="ship no code: for sites that installed fedweigh and added 'fedweigh.' to their class allow-list",
+        help="ship no code: for sites that installed fedweigh and allow-listed its component classes "
+        "(provisioning/resources.json)",
     )
     export.set_defaults(func=cmd_jobs_export)
 
@@ -291,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--load", action="store_true", help="also read the data it names")
     check.add_argument("--site-name", default="site", help="the site's name in the messages (with --load)")
     check.set_defaults(func=cmd_site_check)
+
+    policy = sub.add_parser(
+        "policy",
+        help="show the privacy policy a site runs under (its local/fedweigh_policy.json or the default)",
+    )
+    policy.add_argument("kit", nargs="?", default=None, help="the site's startup kit folder (default: here)")
+    policy.set_defaults(func=cmd_policy)
 
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")
     scen.set_defaults(func=cmd_scenarios)
