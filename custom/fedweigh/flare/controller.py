@@ -365,6 +365,7 @@ class FedweighController(ModelController):
             )
             results = self.ask_sites(TASK_VALIDATE, final, sorted(all_sites), 1)
             ok = [r for r in results if r.metrics and (r.meta or {}).get(META_NUM_SAMPLES) is not None]
+            ok.sort(key=lambda r: str((r.meta or {}).get("client_name", "")))  # site order, as each round
             if ok:
                 recorder.set_metrics(self.num_rounds, mean_metrics([r.metrics or {} for r in ok]))
         recorder.flush()
