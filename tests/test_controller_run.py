@@ -66,6 +66,7 @@ class InProcessFederation:
 
     sites: dict[str, int]
     silent: set = field(default_factory=set)  # (site, task) pairs that never answer
+    reverse: bool = False  # answers arrive in reverse site order
     sent: list[Sent] = field(default_factory=list)
     trained: list[tuple[str, int]] = field(default_factory=list)  # (site, round index from 1)
     results: list[weakref.ref] = field(default_factory=list)  # every result handed to the controller
@@ -90,7 +91,7 @@ class InProcessFederation:
                 released_statistics=lambda: SimpleNamespace(class_counts=counts, num_samples=n, epsilon=None),
             )
             return answer_statistics_task(trainer, data)
-        return FLModel(metrics={"val_auc": 0.75}, meta={META_NUM_SAMPLES: n})
+        return FLModel(metrics={"val_auc": 0.75, "val_gm": n / 30}, meta={META_NUM_SAMPLES: n})
 
 
 def make_controller(fed: InProcessFederation, app_dir: Path, **options) -> FedweighController:
@@ -127,7 +128,7 @@ def make_controller(fed: InProcessFederation, app_dir: Path, **options) -> Fedwe
             )
         )
         results = []
-        for site in targets:
+        for site in reversed(targets) if fed.reverse else targets:
             result = fed.answer(site, task_name, data)
             if result is not None:
                 result.meta = {**(result.meta or {}), "client_name": site}
@@ -314,3 +315,18 @@ def test_resume_refuses_another_schemes_state(tmp_path):
     )
     with pytest.raises(ValueError, match="state is for scheme 'fedavg'"):
         other.run()
+
+
+def test_records_do_not_depend_on_the_order_in_which_results_arrive(tmp_path):
+    """Every round and the final validation take the sites' results in site order (float sums of three
+    sites depend on their order)."""
+    rows = {}
+    for reverse in (False, True):
+        fed = InProcessFederation(SITES, reverse=reverse)
+        make_controller(fed, tmp_path / str(reverse), num_rounds=2, scheme="fedadp").run()
+        rows[reverse] = rows_of(tmp_path / str(reverse))
+    assert 40 / 30 + 25 / 30 + 60 / 30 != 60 / 30 + 25 / 30 + 40 / 30  # the final val_gm sums these
+    for t in (0, 1, 2):
+        strip = ("round_seconds", "server_rss_mb", "server_peak_rss_mb")
+        a, b = ({k: v for k, v in r[t].items() if k not in strip} for r in (rows[False], rows[True]))
+        assert a == b, t

@@ -92,3 +92,30 @@ def test_round_step_leaves_out_a_site_with_an_impossible_step_count(steps):
     assert "NUM_STEPS_CURRENT_ROUND" in outcome.excluded["site-3"]
     assert set(outcome.weights) == {"site-1", "site-2"}
     assert outcome.params["w"] == pytest.approx(np.ones(3))  # only the two valid sites moved it
+
+
+def test_a_round_does_not_depend_on_the_order_in_which_results_arrive():
+    """With three or more sites, float sums depend on their order: the weights' normaliser, the aggregate
+    and the mean metrics are formed in site order, so that two runs with the same inputs record the same
+    values to the last bit whichever site answers first."""
+    rng = np.random.default_rng(3)
+    g = {"w": rng.normal(size=64).astype(np.float32)}
+    results = [
+        ClientResult(
+            f"site-{k}",
+            {"w": (g["w"] + rng.normal(0, 0.1, 64)).astype(np.float32)},
+            {"num_samples": n, "NUM_STEPS_CURRENT_ROUND": 2},
+            {"val_auc": v, "val_loss": 1.0 / 3.0 * k},
+        )
+        for k, n, v in ((1, 7, 0.1), (2, 11, 0.2), (3, 13, 0.3))
+    ]
+    assert 0.1 + 0.2 + 0.3 != 0.3 + 0.2 + 0.1  # the sums this guards against
+    outcomes = []
+    for order in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        step = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3)
+        outcomes.append(step.run(1, [results[i] for i in order], ["site-1", "site-2", "site-3"]))
+    first = outcomes[0]
+    for other in outcomes[1:]:
+        assert other.weights == first.weights
+        assert other.metrics == first.metrics
+        np.testing.assert_array_equal(other.params["w"], first.params["w"])

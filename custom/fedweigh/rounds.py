@@ -537,8 +537,14 @@ class RoundStep:
     def run(
         self, round_index: int, results: Sequence[ClientResult], targets: Sequence[str] = ()
     ) -> RoundOutcome:
-        """Validate, bound, weigh, cap and aggregate one round's results (``targets``: the sites asked)."""
+        """Validate, bound, weigh, cap and aggregate one round's results (``targets``: the sites asked).
+
+        The results are taken in site order, not in the order they arrived: with three or more sites
+        the float sums (the weights' normaliser, the aggregate, the mean metrics) depend on the order,
+        and a run must record the same values whichever site answers first.
+        """
         t = round_index
+        results = sorted(results, key=lambda r: r.site)
         outcome = RoundOutcome(round_index=t)
         contributions: list[Any] = []
         valid_metrics = []

@@ -469,6 +469,7 @@ class FedweighController(ModelController):
                 for r in results
                 if isinstance(r.meta, dict) and r.metrics and r.meta.get(META_NUM_SAMPLES) is not None
             ]
+            ok.sort(key=lambda r: str((r.meta or {}).get("client_name", "")))  # site order, as each round
             if ok:
                 recorder.set_metrics(self.num_rounds, mean_metrics([r.metrics or {} for r in ok]))
         recorder.flush()

@@ -261,8 +261,8 @@ class WeightingScheme(ABC):
         """theta_g + sum_k w_k (theta_k - theta_g), key by key; returns new arrays, inputs untouched.
 
         Float arrays are accumulated in float64 and returned in their own dtype (float32 stays
-        float32): the weighted mean sum_k w_k theta_k rounded once, independent of the order of the
-        sites. Stock NVFlare FedAvg accumulates float32 parameters in float32, in the order the results
+        float32): the weighted mean sum_k w_k theta_k rounded once (the round step passes the sites in
+        site order, so the sum does not depend on which answered first). Stock NVFlare FedAvg accumulates float32 parameters in float32, in the order the results
         arrive; the two agree bit for bit when its sums are exact (two sites with equal weights) and
         otherwise differ by float32 rounding, which local training can amplify over rounds.
         Non-float arrays follow ``integer_buffers``.
