@@ -186,7 +186,7 @@ def test_example_runs_under_feddraw_in_the_simulator(tmp_path):
     rounds = [r for r in json.loads(metrics.read_text())["rounds"] if r["round"] >= 1]
     assert len(rounds) == 2
     for r in rounds:
-        assert r["global_updated"] is True and r["excluded"] == {}
+        assert r["global_updated"] is True and r["excluded"] == {}, r
         assert sorted(r["weights"]) == ["site-1", "site-2", "site-3"]
         assert sum(r["weights"].values()) == pytest.approx(1.0)
     # site k has k * 64 images: the bigger sites weigh more in round 1

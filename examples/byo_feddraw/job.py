@@ -28,6 +28,10 @@ def make_recipe(num_rounds: int = 3, sites: int = 3, train_args: str = "") -> Fe
         train_args=train_args,
         model=TinyNet(num_classes=4),
         feddraw={"beta_max": 2.0},
+        # the example's tiny model trains a few steps on a few images, so honest sites' updates point
+        # in unrelated directions and the direction check (docs/security.md) would leave them out;
+        # the weight cap and the update-norm bound stay on
+        min_update_cosine=None,
     )
 
 
