@@ -77,7 +77,11 @@ def run_recipe_in_simulator(
     workspace = tmp_path / "ws"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = simulator_command(job_dir, workspace, n_clients)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    # a session of its own: the simulator's processes end their whole process group when something
+    # goes wrong, which must not take the test process with them
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path, start_new_session=True
+    )
     app = find_server_app_dir(workspace)
     if proc.returncode != 0 or app is None:
         logs = "\n".join(p.read_text()[-3000:] for p in workspace.rglob("log.txt"))

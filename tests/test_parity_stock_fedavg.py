@@ -111,7 +111,12 @@ def test_fedavg_weights_match_stock_fedavg_with_sites_of_different_sizes(tmp_pat
     script = tmp_path / "execute_ours.py"
     script.write_text(EXECUTE.format(rounds=ROUNDS, client=CLIENT, root=str(tmp_path / "sim")))
     proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=420, cwd=tmp_path
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        cwd=tmp_path,
+        start_new_session=True,  # as run_recipe_in_simulator: the simulator may end its process group
     )
     assert proc.returncode == 0 and "status:" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     (metrics,) = (tmp_path / "sim" / "ours").rglob("fedweigh_metrics.json")
@@ -142,6 +147,7 @@ def test_fedavg_weights_match_stock_fedavg_with_sites_of_different_sizes(tmp_pat
         timeout=420,
         env={**os.environ},
         cwd=tmp_path,
+        start_new_session=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stock_model = saved_float_params(next(ws.rglob("FL_global_model.pt")))
