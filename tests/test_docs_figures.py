@@ -1,0 +1,41 @@
+"""Figures quoted in the docs come from the data committed beside them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def engine() -> dict:
+    return json.loads((ROOT / "docs/results/engine/bench_engine.json").read_text())
+
+
+def test_engine_figures_in_bench_md_come_from_the_engine_benchmark(engine: dict) -> None:
+    doc = (ROOT / "docs/bench.md").read_text()
+    landed = engine["landed"]
+    same = engine["same_arithmetic"]
+    sweep = engine["sweep"]
+    one = engine["one_cell_site_processes"]
+    old_per_hour = 3600.0 / landed["seconds"]
+    new_per_hour = sweep["cells"] * 3600.0 / sweep["cell_seconds"]
+    speedup = new_per_hour / old_per_hour
+    expected = [
+        f"| {landed['seconds']:.1f} | {old_per_hour:.1f} | {landed['test_auc']:.4f} |",
+        f"| {same['seconds']:.1f} | | {same['test_auc']:.4f} (bit-identical) |",
+        f"| {sweep['cell_seconds']:.1f} | {new_per_hour:.1f} | {sweep['results'][0]['test_auc']:.4f} |",
+        f"| {one['seconds']:.1f} | | {one['test_auc']:.4f} |",
+        f"**{speedup:.2f}x** ({new_per_hour:.2f} / {old_per_hour:.2f} = {speedup:.3f} cells/hour)",
+        f"takes **{one['seconds']:.1f} s** on its own",
+        f"({engine['site_processes_start_seconds']:.1f} s)",
+        f"by {abs(sweep['results'][0]['test_auc'] - landed['test_auc']):.3f} on this cell",
+    ]
+    missing = [line for line in expected if line not in doc]
+    assert not missing, f"docs/bench.md does not quote docs/results/engine/bench_engine.json: {missing}"
+    # the landed arithmetic must reproduce the landed engine's metrics exactly
+    assert same["test_auc"] == landed["test_auc"]
+    assert same["test_loss"] == landed["test_loss"]
