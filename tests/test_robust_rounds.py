@@ -19,6 +19,7 @@ from fedweigh.rounds import (
     ClientResult,
     PlaintextBackend,
     RoundStep,
+    direction_outliers,
     norm_scales,
     objecting_sites,
     params_digest,
@@ -254,7 +255,7 @@ def test_a_scaled_sign_flipped_update_cannot_undo_the_others():
     assert "site-4" in bounded.bounded and "median" in bounded.bounded["site-4"]
     assert direction(bounded.params) > direction(free.params)  # the norm bound alone limits the damage
     checked, _ = run(results=results, g=g)  # the defaults: it points away from the others, so it is left out
-    assert "points away from 3 of the 3 other sites' updates" in checked.excluded["site-4"]
+    assert "points away from 3 of the 3 other sites' updates, which agree" in checked.excluded["site-4"]
     assert set(checked.weights) == set(SITES[:3]) and direction(checked.params) > 0
 
 
@@ -272,6 +273,41 @@ def test_the_direction_check_needs_a_majority_of_the_others():
     assert not outcome.excluded
     gram = np.array([[1.0, 0.5, -0.5], [0.5, 1.0, -0.5], [-0.5, -0.5, 1.0]])
     assert objecting_sites(gram, 0.0).tolist() == [1, 1, 2]
+    assert direction_outliers(gram, 0.0) == [2]
+
+
+def test_updates_scattering_in_all_directions_are_all_kept():
+    # late in training honest updates are nearly orthogonal and their cosines fall either side of 0:
+    # each site may point away from most others, but the others disagree among themselves too
+    gram = np.array(
+        [
+            [1.0, -0.1, -0.2, 0.1],
+            [-0.1, 1.0, 0.05, -0.15],
+            [-0.2, 0.05, 1.0, -0.05],
+            [0.1, -0.15, -0.05, 1.0],
+        ]
+    )
+    assert (2 * objecting_sites(gram, 0.0) > 3).all()  # the majority rule alone would leave out every site
+    assert direction_outliers(gram, 0.0) == []
+    rng = np.random.default_rng(3)
+    g = {"w": np.zeros(4096, np.float32)}
+    results = [result(s, {"w": (0.01 * rng.standard_normal(4096)).astype(np.float32)}) for s in SITES]
+    outcome, _ = run(results=results, g=g, update_norm_bound=None)
+    assert outcome.updated and not outcome.excluded and set(outcome.weights) == set(SITES)
+
+
+def test_an_update_opposing_agreeing_others_is_left_out_even_among_scattered_ones():
+    # sites 1-3 agree pairwise (cosines > 0); site 4 opposes all three
+    gram = np.array(
+        [
+            [1.0, 0.3, 0.2, -0.4],
+            [0.3, 1.0, 0.25, -0.3],
+            [0.2, 0.25, 1.0, -0.2],
+            [-0.4, -0.3, -0.2, 1.0],
+        ]
+    )
+    assert direction_outliers(gram, 0.0) == [3]
+    assert direction_outliers(gram, -0.35) == []  # only -0.4 is below -0.35: one of three, no majority
 
 
 def test_an_update_too_large_to_measure_is_excluded():

@@ -56,7 +56,8 @@ AUTO_CAP_MIN_SITES = 3
 #: norm of the same array in the other sites' updates of the round (larger ones are scaled down).
 DEFAULT_UPDATE_NORM_BOUND = 3.0
 #: Default ``min_update_cosine``: an update whose cosine with more than half of the other sites'
-#: updates is below this points away from them and is left out (three or more updates, plaintext).
+#: updates is below this, while those agree with each other, is left out (three or more updates,
+#: plaintext; :func:`direction_outliers`).
 DEFAULT_MIN_UPDATE_COSINE = 0.0
 #: A weight below this contributes nothing to an encrypted sum (fedweigh.secure.updates.ZERO_WEIGHT).
 ZERO_WEIGHT = 1e-12
@@ -119,16 +120,44 @@ def norm_scales(norms: np.ndarray, bound: float) -> np.ndarray:
     return scales[:, 0] if flat else scales
 
 
-def objecting_sites(gram: np.ndarray, threshold: float) -> np.ndarray:
-    """Per update k, how many of the OTHER updates j it points away from: cos(Delta_k, Delta_j) below
-    ``threshold`` (a zero update points nowhere and objects to nothing)."""
+def update_cosines(gram: np.ndarray) -> np.ndarray:
+    """cos(Delta_j, Delta_k) from the Gram matrix of the updates (a zero update points nowhere: its
+    cosine with anything is 1, so it objects to nothing and nothing objects to it)."""
     g = np.asarray(gram, dtype=np.float64)
     norms = np.sqrt(np.maximum(np.diag(g), 0.0))
     denom = np.outer(norms, norms)
     with np.errstate(divide="ignore", invalid="ignore"):
         cos = np.where(denom > 0, g / np.where(denom > 0, denom, 1.0), 1.0)
     np.fill_diagonal(cos, 1.0)
-    return (cos < threshold).sum(axis=1)
+    return cos
+
+
+def objecting_sites(gram: np.ndarray, threshold: float) -> np.ndarray:
+    """Per update k, how many of the OTHER updates j it points away from: cos(Delta_k, Delta_j) below
+    ``threshold`` (a zero update points nowhere and objects to nothing)."""
+    return (update_cosines(gram) < threshold).sum(axis=1)
+
+
+def direction_outliers(gram: np.ndarray, threshold: float) -> list[int]:
+    """The updates that point away from a consensus of the others.
+
+    Update k is an outlier when (a) its cosine with more than half of the other updates is below
+    ``threshold`` and (b) the other updates agree among themselves: no pair of them has a cosine
+    below ``threshold``. Without (b), updates that scatter in all directions, as honest sites' do late
+    in training or under strong label skew, would be left out at random (a round could lose every
+    site); with it, only an update that opposes updates which agree with each other is left out.
+    """
+    cos = update_cosines(gram)
+    below = cos < threshold
+    n = cos.shape[0]
+    out = []
+    for k in range(n):
+        others = [j for j in range(n) if j != k]
+        if 2 * int(below[k, others].sum()) <= len(others):
+            continue
+        if not below[np.ix_(others, others)].any():
+            out.append(k)
+    return out
 
 
 def params_digest(params: Mapping[str, Any] | None) -> str:
@@ -375,8 +404,9 @@ class RoundStep:
             sites' updates of the round (default :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off).
             Plaintext only.
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
-            updates is below this (default :data:`DEFAULT_MIN_UPDATE_COSINE`: one that points away
-            from most of them); from three updates on, plaintext only. None: off.
+            updates is below this while no two of those are below it with each other (default
+            :data:`DEFAULT_MIN_UPDATE_COSINE`: one that opposes a consensus,
+            :func:`direction_outliers`); from three updates on, plaintext only. None: off.
         min_secure_sum: under HE, the fewest updates an encrypted sum may hold (raised by the
             minimum each contributing site announces; :func:`fedweigh.secure.quorum.secure_sum_quorum`).
         log: where warnings about left-out sites go (the controller passes NVFlare's logger).
@@ -490,8 +520,8 @@ class RoundStep:
         return out
 
     def _check_directions(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
-        """Leave out the updates that point away from most of the other sites' updates
-        (``min_update_cosine``; from three updates on)."""
+        """Leave out the updates that point away from a consensus of the other sites' updates
+        (``min_update_cosine``, :func:`direction_outliers`; from three updates on)."""
         if self.min_update_cosine is None or len(contributions) < AUTO_CAP_MIN_SITES:
             return contributions
         gram = self.backend.update_gram(contributions)
@@ -499,7 +529,9 @@ class RoundStep:
             return contributions
         gram = np.asarray(gram, dtype=np.float64)
         measurable = np.isfinite(gram).all(axis=1)
-        objections = objecting_sites(np.where(np.isfinite(gram), gram, 0.0), self.min_update_cosine)
+        finite = np.where(np.isfinite(gram), gram, 0.0)
+        objections = objecting_sites(finite, self.min_update_cosine)
+        outliers = set(direction_outliers(finite, self.min_update_cosine))
         others = len(contributions) - 1
         keep = []
         for i, (report, count) in enumerate(zip(outcome.reports, objections, strict=True)):
@@ -508,10 +540,10 @@ class RoundStep:
                     f"{report.name}: its update is too large to measure (overflows float64)"
                 )
                 self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
-            elif 2 * count > others:
+            elif i in outliers:
                 outcome.excluded[report.name] = (
-                    f"{report.name}: its update points away from {count} of the {others} other sites' updates "
-                    f"(cosine below min_update_cosine={self.min_update_cosine:g})"
+                    f"{report.name}: its update points away from {count} of the {others} other sites' updates, "
+                    f"which agree with each other (cosine below min_update_cosine={self.min_update_cosine:g})"
                 )
                 self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
             else:

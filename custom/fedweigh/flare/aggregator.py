@@ -67,7 +67,7 @@ class FedweighAggregator(ModelAggregator):
             None: no cap), as in the controller.
         update_norm_bound: bound on each update's norm relative to the others' (None: off), as in the
             controller.
-        min_update_cosine: leave out an update pointing away from most others' (None: off), as in
+        min_update_cosine: leave out an update opposing a consensus of the others (None: off), as in
             the controller.
     """
 

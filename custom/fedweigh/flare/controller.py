@@ -132,8 +132,9 @@ class FedweighController(ModelController):
             the same array in the other sites' updates of the round (plaintext updates; default 3);
             None: off.
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
-            updates is below this (plaintext updates, three or more sites; default 0: an update
-            pointing away from most of the others); None: off.
+            updates is below this while those agree with each other (plaintext updates, three or more
+            sites; default 0: an update opposing a consensus of the others,
+            :func:`fedweigh.rounds.direction_outliers`); None: off.
         min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
             encrypted model aggregate) before anything is decrypted; at most the number of sites,
             never below 2; each site's policy may ask for more (default 3).

@@ -100,8 +100,8 @@ class FedweighRecipe(Recipe):
             once three or more sites count), a number in (0, 1], or None (no cap).
         update_norm_bound: scale every array of an update down to this many times the median norm
             of that array in the other sites' updates (default 3; None: off). docs/security.md.
-        min_update_cosine: leave out an update pointing away from most of the others' (cosine below
-            this with more than half of them; default 0; None: off).
+        min_update_cosine: leave out an update pointing away from a consensus of the others' (cosine
+            below this with more than half of them, which agree with each other; default 0; None: off).
         min_secure_sum: the fewest contributions to any secure sum (default 3, at most the number of
             sites; each site's policy may ask for more).
         stop_after: end the run after that round; continue it with ``resume_from``.
