@@ -90,6 +90,7 @@ def test_constructor_args_are_stored_and_recreate_the_model(
         "norm": "batch",
         "save_attn": False,
         "seed": None,
+        "pretrained": None,
     }
     clone = FedweighNet(**args)
     assert {k: v.shape for k, v in clone.state_dict().items()} == {

@@ -52,6 +52,9 @@ class ClientArgs:
     seed: int = 0
     arch: str = "densenet_compact"
     norm: str = "batch"
+    #: Checkpoint file with the network's weights (fedweigh.models.read_checkpoint); the head is
+    #: initialised for the dataset's classes. Read wherever the model is built (server and sites).
+    pretrained: str | None = None
     loss: str = "default"
     loss_options: dict = field(default_factory=dict)
     epochs: int = 1
@@ -135,6 +138,7 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--arch", default=defaults.arch)
     p.add_argument("--norm", default=defaults.norm)
+    p.add_argument("--pretrained", default=None, help="checkpoint file with the network's weights")
     p.add_argument("--loss", default=defaults.loss)
     p.add_argument("--loss-options", type=json.loads, default={})
     p.add_argument("--epochs", type=int, default=defaults.epochs)
@@ -176,8 +180,8 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
 
 
 def build_site_model(args: ClientArgs, data: LabeledImages) -> torch.nn.Module:
-    """The model ``args`` names (arch, norm, seed), shaped for ``data`` (classes, channels, size), on
-    ``args.device`` in ``args.channels_last`` memory format."""
+    """The model ``args`` names (arch, norm, seed, pretrained), shaped for ``data`` (classes, channels,
+    size), on ``args.device`` in ``args.channels_last`` memory format."""
     model = build_model(
         args.arch,
         num_classes=data.num_classes,
@@ -185,6 +189,7 @@ def build_site_model(args: ClientArgs, data: LabeledImages) -> torch.nn.Module:
         img_size=int(data.images.shape[-1]),
         norm=args.norm,
         seed=args.seed,
+        pretrained=args.pretrained,
     )
     return to_memory_format(model.to(resolve_device(args.device)), args.channels_last)
 

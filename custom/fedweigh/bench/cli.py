@@ -11,6 +11,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     from fedweigh.bench.profiles import PROFILES
     from fedweigh.data import DATASETS
     from fedweigh.methods import ALL_METHODS
+    from fedweigh.models import ARCHITECTURES
 
     p = subparsers.add_parser(
         "bench",
@@ -43,6 +44,20 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--rounds", type=int, default=None, help="override the profile's number of rounds")
     p.add_argument("--num-images", type=int, default=None, help="override the profile's pool size")
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's local step cap")
+    p.add_argument(
+        "--arch",
+        default=None,
+        choices=ARCHITECTURES,
+        help="override the profile's network (any method on any)",
+    )
+    p.add_argument("--size", type=int, default=None, help="override the profile's image side in pixels")
+    p.add_argument(
+        "--pretrained",
+        type=_checkpoint_file,
+        default=None,
+        metavar="PATH",
+        help="checkpoint with the network's weights (the head is re-initialised); nothing is downloaded",
+    )
     p.add_argument(
         "--threshold",
         choices=("0.5", "youden"),
@@ -120,6 +135,16 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     return p
 
 
+def _checkpoint_file(text: str) -> str:
+    """``--pretrained``'s value: an existing checkpoint file, as an absolute path (cells may run in
+    other processes)."""
+    from pathlib import Path
+
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such checkpoint file: {text!r}")
+    return str(Path(text).resolve())
+
+
 def _safeguard(text: str) -> float | str | None:
     """A safeguard option's value: ``none``, ``auto`` or a number."""
     if text.lower() == "none":
@@ -152,6 +177,9 @@ def main_bench(args: argparse.Namespace) -> int:
             threshold=args.threshold,
             num_images=args.num_images,
             max_steps=args.max_steps,
+            arch=args.arch,
+            size=args.size,
+            pretrained=args.pretrained,
             threads=args.threads,
             loader_options=args.loader_options,
             eval_every=args.eval_every,

@@ -71,7 +71,7 @@ CONFIG_JSON = "config.json"
 #: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
 _NOT_HASHED = ("threads", "eval_test", "compile")
 #: Settings added after cells were stored: in the digest only when on, so stored cells stay valid.
-_HASHED_WHEN_ON = ("augment",)
+_HASHED_WHEN_ON = ("augment", "pretrained")
 
 
 @dataclass(frozen=True)

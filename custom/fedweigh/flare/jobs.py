@@ -38,12 +38,25 @@ SYNTHCXR_CLIENT = ClientArgs(dataset="synthcxr", scenario="quantity-shift", num_
 SYNTHCXR_ROUNDS = 5
 SYNTHCXR_SITES = 4
 
-#: Real-data jobs read the user's data from the path in these environment variables (expanded at the site).
+#: Real-data jobs read the user's data from the path in these environment variables (expanded at the
+#: site) and train MONAI DenseNet121 at the data's full size: 224 px, CheXpert's images decoded to it,
+#: ChestMNIST's MedMNIST+ file ``chestmnist_224.npz`` (a folder holding the per-size files resolves to
+#: it; a single smaller file is upsampled).
+REAL_DATA_ARCH = "densenet121"
+REAL_DATA_SIZE = 224
 CHESTMNIST_CLIENT = ClientArgs(
-    dataset="chestmnist", scenario="quantity-shift", data_path="$FEDWEIGH_CHESTMNIST", size=64
+    dataset="chestmnist",
+    scenario="quantity-shift",
+    data_path="$FEDWEIGH_CHESTMNIST",
+    size=REAL_DATA_SIZE,
+    arch=REAL_DATA_ARCH,
 )
 CHEXPERT_CLIENT = ClientArgs(
-    dataset="chexpert", scenario="quantity-shift", data_path="$FEDWEIGH_CHEXPERT", size=64
+    dataset="chexpert",
+    scenario="quantity-shift",
+    data_path="$FEDWEIGH_CHEXPERT",
+    size=REAL_DATA_SIZE,
+    arch=REAL_DATA_ARCH,
 )
 
 

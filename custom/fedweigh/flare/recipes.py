@@ -73,9 +73,14 @@ class ModelSpec:
     img_size: int = 32
     norm: str = "batch"
     seed: int = 0
+    #: checkpoint file with the network's weights, read by the server's persistor (None: random)
+    pretrained: str | None = None
 
     def as_job_model(self) -> dict:
-        return {"path": "fedweigh.models.FedweighNet", "args": asdict(self)}
+        args = asdict(self)
+        if args["pretrained"] is None:  # jobs without a checkpoint keep their configuration
+            del args["pretrained"]
+        return {"path": "fedweigh.models.FedweighNet", "args": args}
 
 
 class FedweighRecipe(Recipe):
@@ -205,6 +210,7 @@ class FedweighRecipe(Recipe):
                 img_size=self.client_args.size,
                 norm=self.client_args.norm,
                 seed=seed,
+                pretrained=self.client_args.pretrained,
             )
         self.model_spec = model
         loss_needs_stats = (
