@@ -1,12 +1,13 @@
 """FedDRAW: size prior + spread similarity under inner and deferred outer schedules (hand values)."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 
 from fedweigh.weighting import ClientReport, FedDRAWWeights, get_scheme
-from fedweigh.weighting.feddraw import spread_similarity, tempered_weights
+from fedweigh.weighting.feddraw import bound_by_prior, softmax_spread, spread_similarity, tempered_weights
 
 
 def sim_reports(sizes, sims):
@@ -155,3 +156,165 @@ def test_option_validation():
         get_scheme("feddraw", rho=1.2)
     with pytest.raises(ValueError, match="form"):
         get_scheme("feddraw", form="exp")
+
+
+# ----------------------------------------------------------------------------- direction, spread, bound
+def test_ten_times_the_steps_in_the_same_direction_keeps_the_direction_reputation():
+    g = {"w": np.array([1.0, 2.0, -1.0, 0.5])}
+    previous = {"w": np.array([0.9, 2.1, -1.0, 0.4])}  # global update (0.1, -0.1, 0, 0.1)
+    step = np.array([0.02, -0.01, 0.01, 0.02])  # one site's update direction
+    clients = [
+        {"w": g["w"] + step},  # a few local steps
+        {"w": g["w"] + 10 * step},  # ten times the steps, the same direction
+        {"w": g["w"] + np.array([-0.01, 0.02, 0.0, 0.01])},  # another direction
+    ]
+    reps = [ClientReport(f"s{i}", 100, params=c) for i, c in enumerate(clients)]
+    direction = FedDRAWWeights(similarity="direction", rho=1.0)
+    direction.previous_global = previous
+    w = direction.weights(reps, g, 2, 2)  # lambda = 1, beta = 1: w = spread similarity
+    s = direction.last_details["similarity"]
+    assert s[1] == pytest.approx(s[0], rel=1e-12)
+    assert w[1] == pytest.approx(w[0], rel=1e-12) and w[0] > w[2]
+    # the literal reading ranks by how far a site moved: the longer update loses its similarity
+    literal = FedDRAWWeights(similarity="params", rho=1.0).weights(reps, g, 2, 2)
+    assert literal[1] < literal[0]
+
+
+def test_direction_mode_round_one_is_uniform_and_the_state_advances():
+    g1 = {"w": np.array([1.0, 0.0])}
+    g2 = {"w": np.array([1.0, 1.0])}  # the global update of round 1: (0, 1)
+    scheme = FedDRAWWeights(similarity="direction", rho=1.0, inner="linear")
+    reps1 = [ClientReport("a", 1, params={"w": np.array([2.0, 0.0])}), ClientReport("b", 3, params=g1)]
+    scheme.weights(reps1, g1, 1, 3)
+    assert scheme.last_details["similarity"] == [0.0, 0.0]  # no previous update: nobody preferred
+    assert scheme.last_details["spread_similarity"] == [0.5, 0.5]
+    np.testing.assert_array_equal(scheme.previous_global["w"], g1["w"])
+    reps2 = [
+        ClientReport("a", 1, params={"w": np.array([1.0, 2.0])}),  # along the global update
+        ClientReport("b", 3, params={"w": np.array([2.0, 1.0])}),  # orthogonal to it
+    ]
+    scheme.weights(reps2, g2, 2, 3)
+    assert scheme.last_details["similarity"] == [1.0, 0.0]
+    np.testing.assert_array_equal(scheme.previous_global["w"], g2["w"])
+
+
+def test_client_reported_direction_similarity_equals_the_servers():
+    """Under HE a site computes s_k from the global model it received in the previous round; the
+    server, in plaintext, from its own state: the same number."""
+    g1 = {"w": np.array([1.0, 0.0, 0.5], dtype=np.float32), "bn.running_mean": np.zeros(3, np.float32)}
+    g2 = {"w": np.array([1.1, 0.2, 0.4], dtype=np.float32), "bn.running_mean": np.ones(3, np.float32)}
+    clients = [
+        {"w": np.array([1.3, 0.3, 0.2], dtype=np.float32), "bn.running_mean": np.full(3, 4, np.float32)},
+        {"w": np.array([1.0, 0.5, 0.6], dtype=np.float32), "bn.running_mean": np.full(3, -2, np.float32)},
+    ]
+    server = FedDRAWWeights(similarity="direction")
+    server.weights([ClientReport("a", 5, params=g1), ClientReport("b", 7, params=g1)], g1, 1, 4)
+    server_w = server.weights(
+        [ClientReport(f"c{i}", 5 + 2 * i, params=c) for i, c in enumerate(clients)], g2, 2, 4
+    )
+    server_s = server.last_details["similarity"]
+    reported = []
+    for i, c in enumerate(clients):
+        site = get_scheme("feddraw", similarity="direction")  # as a site builds it from the plan
+        assert site.needs_previous_global
+        site.previous_global = g1  # the global model this site received in round 1
+        reported.append(
+            ClientReport(f"c{i}", 5 + 2 * i, scalars=site.client_scalars(params=c, global_params=g2))
+        )
+    blind = FedDRAWWeights(similarity="direction")
+    blind_w = blind.weights(reported, None, 2, 4)
+    assert blind.last_details["similarity"] == server_s
+    np.testing.assert_array_equal(blind_w, server_w)
+    assert FedDRAWWeights(similarity="direction").he_compatible
+
+
+def test_direction_state_survives_a_json_round_trip():
+    g1 = {"w": np.array([1.0, 0.0], dtype=np.float32)}
+    g2 = {"w": np.array([1.0, 1.0], dtype=np.float32)}
+    reps = [
+        ClientReport("a", 1, params={"w": np.array([1.0, 2.0], dtype=np.float32)}),
+        ClientReport("b", 3, params={"w": np.array([2.0, 1.0], dtype=np.float32)}),
+    ]
+    running = FedDRAWWeights(similarity="direction")
+    running.weights(reps, g1, 1, 3)
+    state = json.loads(json.dumps(running.state_dict()))
+    resumed = FedDRAWWeights(similarity="direction")
+    resumed.load_state_dict(state)
+    np.testing.assert_array_equal(resumed.weights(reps, g2, 2, 3), running.weights(reps, g2, 2, 3))
+    assert resumed.last_details["similarity"] == [1.0, 0.0]
+    fresh = FedDRAWWeights(similarity="direction")  # without the state: no direction known
+    fresh.weights(reps, g2, 2, 3)
+    assert fresh.last_details["similarity"] == [0.0, 0.0]
+    assert FedDRAWWeights().state_dict() == {}
+    with pytest.raises(ValueError, match="malformed state 'previous_global'"):
+        FedDRAWWeights(similarity="direction").load_state_dict({"previous_global": "not base64!"})
+
+
+def test_softmax_spread_by_hand():
+    s = np.array([0.1, 0.2, 0.6])
+    std = math.sqrt((0.2**2 + 0.1**2 + 0.3**2) / 3)  # mean 0.3
+    e = [math.exp((v - 0.3) / std / 0.5) for v in s]
+    expected = np.array(e) / sum(e)
+    np.testing.assert_allclose(softmax_spread(s, 0.5), expected, rtol=1e-12)
+    np.testing.assert_allclose(softmax_spread(2 * s + 1, 0.5), expected, rtol=1e-12)  # scale-free
+    np.testing.assert_array_equal(softmax_spread(np.full(4, 0.97), 0.5), np.full(4, 0.25))
+    scheme = FedDRAWWeights(spread="softmax", temperature=0.5, rho=1.0)
+    w = scheme.weights(sim_reports([1, 1, 1], list(s)), None, 2, 2)  # lambda = 1, beta = 1
+    np.testing.assert_allclose(w, expected, rtol=1e-12)
+
+
+def test_prior_factor_bounds_the_similarity_share_by_hand():
+    p = np.array([0.1, 0.3, 0.6])
+    s_hat = np.array([0.7, 0.3, 0.0])
+    # d = (0.6, 0, -0.6): 1 - m = min((2 - 1) 0.1 / 0.6, (1 - 1/2) 0.6 / 0.6) = 1/6
+    bounded, mixed = bound_by_prior(s_hat, p, 2.0)
+    np.testing.assert_allclose(bounded, [0.2, 0.3, 0.5], rtol=1e-12)
+    assert mixed == pytest.approx(5 / 6)
+    np.testing.assert_allclose(bound_by_prior(s_hat, p, 1.0)[0], p, rtol=1e-12)
+    within, none = bound_by_prior(np.array([0.15, 0.3, 0.55]), p, 2.0)
+    np.testing.assert_array_equal(within, [0.15, 0.3, 0.55])
+    assert none == 0.0
+    # through the scheme: min-max gives the smallest site everything, the bound 2 p_k at most
+    sims = [0.99, 0.95, 0.90]  # min-max: (1, 5/9, 0) / (14/9) = (9/14, 5/14, 0)
+    free = FedDRAWWeights(rho=1.0).weights(sim_reports([100, 300, 600], sims), None, 2, 2)
+    np.testing.assert_allclose(free, [9 / 14, 5 / 14, 0.0], atol=1e-11)
+    scheme = FedDRAWWeights(rho=1.0, prior_factor=2.0)
+    w = scheme.weights(sim_reports([100, 300, 600], sims), None, 2, 2)
+    # 1 - m = min(0.1 / (9/14 - 0.1), 0.5 * 0.6 / 0.6) = 1.4 / 7.6
+    keep = 1.4 / 7.6
+    np.testing.assert_allclose(w, keep * np.array([9 / 14, 5 / 14, 0.0]) + (1 - keep) * p, rtol=1e-12)
+    assert w[0] == pytest.approx(0.2) and np.all(w >= p / 2 - 1e-15) and np.all(w <= 2 * p + 1e-15)
+
+
+def test_new_option_validation():
+    with pytest.raises(ValueError, match="spread must be 'minmax' or 'softmax', got 'rank'"):
+        get_scheme("feddraw", spread="rank")
+    with pytest.raises(ValueError, match="temperature must be a positive number, got 0"):
+        get_scheme("feddraw", temperature=0)
+    with pytest.raises(
+        ValueError, match=r"prior_factor must be None \(off\) or a finite number >= 1, got 0.5"
+    ):
+        get_scheme("feddraw", prior_factor=0.5)
+    with pytest.raises(ValueError, match="similarity must be one of .*'direction'"):
+        get_scheme("feddraw", similarity="angle")
+
+
+def test_a_site_reports_its_direction_similarity_against_the_global_model_of_its_previous_round():
+    """SiteTrainer keeps the global model it received and hands it to the scheme, round after round."""
+    from fedweigh.data import build_federation
+    from fedweigh.site import ClientArgs, SiteTrainer
+    from fedweigh.train import get_params
+    from fedweigh.weighting.geometry import direction_similarity, geometry_keys
+
+    fed = build_federation("iid-4", "synthcxr", size=28, seed=0, num_images=240)
+    args = ClientArgs(size=28, num_images=240, batch_size=16, max_steps=2, eval_test=False)
+    trainer = SiteTrainer(fed.sites[0], fed.test, args, threads=1)
+    plan = {"scheme": "feddraw", "scheme_args": {"similarity": "direction"}, "scalars": ["similarity"]}
+    g1 = get_params(trainer.model)
+    first = trainer.run_round(g1, 0, plan, evaluate_received=False)
+    assert first.scalars == {"similarity": 0.0}  # no earlier global model: no direction yet
+    g2 = {k: (v + 0.01 * np.sign(first.params[k] - v)) if v.dtype.kind == "f" else v for k, v in g1.items()}
+    second = trainer.run_round(g2, 1, plan, evaluate_received=False)
+    keys = geometry_keys(g2)
+    assert second.scalars["similarity"] == direction_similarity(second.params, g2, g1, keys=keys)
+    assert second.scalars["similarity"] != 0.0

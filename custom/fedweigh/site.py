@@ -35,6 +35,7 @@ from fedweigh.train import (
     train_local,
 )
 from fedweigh.weighting import get_scheme
+from fedweigh.weighting.geometry import use_model_buffers
 
 logger = logging.getLogger("fedweigh.site")
 
@@ -240,6 +241,9 @@ class SiteTrainer:
         self.releaser = HistogramReleaser(
             StatsDPConfig.from_args(args), self.site_name, job_id, guard=privacy_guard
         )
+        #: The global model this site received in its previous training round (FedDRAW's
+        #: similarity="direction" compares its update with the global update since then).
+        self.previous_global: dict[str, np.ndarray] | None = None
         #: DP-SGD across the rounds of the job (built on the first DP round), and what the last round spent.
         self.dp_sgd: DPSGD | None = None
         self.dp_report: DPRoundReport | None = None
@@ -359,6 +363,9 @@ class SiteTrainer:
         if not wanted:
             return {}
         scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
+        use_model_buffers(scheme, self.model)  # the model's exact buffers, as the server's
+        if getattr(scheme, "needs_previous_global", False):
+            scheme.previous_global = self.previous_global  # type: ignore[attr-defined]
         gs = self.global_stats or {}
         release = self.released_statistics()  # the noised release when statistics DP is on
         scalars = scheme.client_scalars(
@@ -401,6 +408,7 @@ class SiteTrainer:
         )
         params = get_params(self.model)
         scalars = self.scheme_scalars(plan, params, global_np) if plan.get("scheme") else {}
+        self.previous_global = global_np
         return RoundOutput(
             params=params,
             num_steps=result.num_steps,

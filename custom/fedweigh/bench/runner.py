@@ -63,6 +63,7 @@ from fedweigh.rounds import (
 )
 from fedweigh.site import ClientArgs, RoundOutput, SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, predict, set_params
+from fedweigh.weighting.geometry import use_model_buffers
 
 logger = logging.getLogger("fedweigh.bench")
 
@@ -352,6 +353,7 @@ def _run_federated(
     rounds = config.rounds
     scheme = spec.make_scheme()
     scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
+    use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
     backend = PlaintextBackend(scorer.initial_params())
     step = RoundStep(
         scheme,

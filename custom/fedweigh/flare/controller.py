@@ -64,6 +64,7 @@ from fedweigh.rounds import (
 from fedweigh.secure.quorum import server_floor
 from fedweigh.validation import ResultLimits
 from fedweigh.weighting import get_scheme
+from fedweigh.weighting.geometry import use_model_buffers
 
 #: Default ``train_timeout`` (seconds): a site silent for longer is left out of that task, so no
 #: single site can stall the job. Set it above the slowest round, site start-up included.
@@ -356,6 +357,8 @@ class FedweighController(ModelController):
         self._budget_id = str(self.fl_ctx.get_job_id() or "job")
         self._refused: dict[str, str] = {}
         model = self.load_model()
+        # the persistor's torch model names its buffers exactly (else the scheme's name rule applies)
+        use_model_buffers(self._scheme, getattr(self.persistor, "model", None))
         if self.resume_from:
             last, params, rows = self._load_state(self.resume_from)
             if not self.he:  # under HE the values come from the HE state, names and shapes from the model

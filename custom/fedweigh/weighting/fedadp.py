@@ -11,7 +11,10 @@ With p_k = N_k / N and the round's size-weighted update Delta = sum_k p_k Delta_
 READING: n counts the rounds in which client k took part (it equals the round index t under full
 participation, as in the paper), so a client joining late starts from its own first angle. The
 client's local update is used for its "gradient": the cosine is the same for -Delta_k / lr.
-Zero-vector convention for the cosine: cos(0, 0) = 1, cos(0, v) = 0.
+Zero-vector convention for the cosine: cos(0, 0) = 1, cos(0, v) = 0. Deltas are taken over the
+trainable parameters (``geometry="trainable"``, default: the paper's gradients exist for parameters
+only; buffers such as BatchNorm's running statistics have none); ``geometry="all"`` includes every
+floating-point array (:mod:`fedweigh.weighting.geometry`).
 
 State (JSON): {"smoothed_angle": {site: a~}, "participations": {site: n}}.
 """
@@ -26,7 +29,7 @@ from typing import ClassVar
 import numpy as np
 
 from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round
-from fedweigh.weighting.geometry import delta_gram
+from fedweigh.weighting.geometry import ParameterGeometry, check_geometry, delta_gram
 
 
 def gompertz(angle: np.ndarray, alpha: float = 5.0) -> np.ndarray:
@@ -36,7 +39,7 @@ def gompertz(angle: np.ndarray, alpha: float = 5.0) -> np.ndarray:
 
 
 @dataclass(kw_only=True)
-class FedAdpWeights(WeightingScheme):
+class FedAdpWeights(ParameterGeometry, WeightingScheme):
     """Size times exp(Gompertz(smoothed angle to the mean update)), normalised."""
 
     name: ClassVar[str] = "fedadp"
@@ -52,6 +55,7 @@ class FedAdpWeights(WeightingScheme):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_geometry(self.geometry, scheme="fedadp")
         if not math.isfinite(self.alpha) or self.alpha <= 0:
             raise ValueError(f"fedadp: alpha must be a positive number, got {self.alpha!r}")
 
@@ -68,7 +72,12 @@ class FedAdpWeights(WeightingScheme):
         if global_params is None:
             raise ValueError("fedadp: the global parameters are required")
         p = n / n.sum()
-        gram = delta_gram(global_params, [r.params for r in reports], [r.name for r in reports])  # type: ignore[misc]
+        gram = delta_gram(
+            global_params,
+            [r.params for r in reports],  # type: ignore[misc]
+            [r.name for r in reports],
+            keys=self.compared_keys(global_params),
+        )
         angles = np.arccos(gram.delta_cosines(p))
         smoothed = np.empty_like(angles)
         for i, rep in enumerate(reports):

@@ -18,6 +18,8 @@ e_k = ||tau_k - m||, c_k = 1 - cos(theta_g, theta_k)):
 READING for partial participation: logits, Adam moments and Adam step counts are kept per site name;
 a site seen for the first time starts at T_k = log(N_k / N) with N summed over that round's clients;
 a site that skips a round keeps its state untouched. Needs plaintext client models (not HE).
+Client vectors and cosines are taken over the trainable parameters (``geometry="trainable"``,
+default; ``"all"``: every floating-point array, buffers included; :mod:`fedweigh.weighting.geometry`).
 
 State (JSON): {"logits", "exp_avg", "exp_avg_sq", "steps"}, each {site: value}.
 """
@@ -32,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, softmax
-from fedweigh.weighting.geometry import DeltaGram, delta_gram
+from fedweigh.weighting.geometry import DeltaGram, ParameterGeometry, check_geometry, delta_gram
 
 
 def fedawa_objective_and_grad(logits: np.ndarray, gram: DeltaGram) -> tuple[float, np.ndarray]:
@@ -53,7 +55,7 @@ def fedawa_objective_and_grad(logits: np.ndarray, gram: DeltaGram) -> tuple[floa
 
 
 @dataclass(kw_only=True)
-class FedAWAWeights(WeightingScheme):
+class FedAWAWeights(ParameterGeometry, WeightingScheme):
     """lambda = softmax(T); one Adam step on T per round after the weights are handed out."""
 
     name: ClassVar[str] = "fedawa"
@@ -73,6 +75,7 @@ class FedAWAWeights(WeightingScheme):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_geometry(self.geometry, scheme="fedawa")
         if not math.isfinite(self.lr) or self.lr <= 0:
             raise ValueError(f"fedawa: lr must be a positive number, got {self.lr!r}")
         b1, b2 = self.betas
@@ -94,7 +97,12 @@ class FedAWAWeights(WeightingScheme):
         if global_params is None:
             raise ValueError("fedawa: the global parameters are required")
         names = [r.name for r in reports]
-        gram = delta_gram(global_params, [r.params for r in reports], names)  # type: ignore[misc]
+        gram = delta_gram(
+            global_params,
+            [r.params for r in reports],  # type: ignore[misc]
+            names,
+            keys=self.compared_keys(global_params),
+        )
         p = n / n.sum()
         for name, pk in zip(names, p, strict=True):
             if name not in self.logits:

@@ -9,37 +9,64 @@ Everything below the abstract's wording is a READING (docs/methods.md), every kn
     s_k      = cos(theta_k, theta_g)        (similarity="params", default)
              | mean_l cos(theta_k,l, theta_g,l)                        (similarity="layer")
              | cos(Delta_k, sum_j p_j Delta_j)                         (similarity="delta")
-    s^_k     = (s_k - min s) / (max s - min s), then / sum             spread (all equal -> 1/K)
+             | cos(Delta_k, theta_g^t - theta_g^{t-1})                 (similarity="direction")
+    s^_k     = (s_k - min s) / (max s - min s), then / sum             (spread="minmax", default)
+             | softmax_k(z_k / tau),  z = (s - mean s) / std s         (spread="softmax", tau = temperature)
+             (all s equal -> 1/K in both)
+    s~_k     = (1 - m) s^_k + m p_k, the smallest m in [0, 1] with
+               p_k / c <= s~_k <= c p_k for every k                    (prior_factor = c; None: s~ = s^)
     lambda_t = ramp_inner((t - 1) / (T - 1))                           inner schedule, 0 -> 1
-    r_k      = (1 - lambda_t) p_k + lambda_t s^_k                      reputation, sums to 1
+    r_k      = (1 - lambda_t) p_k + lambda_t s~_k                      reputation, sums to 1
     beta_t   = deferred_anneal(t, T, beta_max, rho, outer)             outer schedule, -> 0 at T
     w_k      = r_k^beta_t / sum_j r_j^beta_t                           (form="log", default)
              | softmax_k(beta_t K r_k)                                 (form="plain")
 
 with r floored at ``eps``. Round 1 with beta_max = 1 gives w = p (FedAvg); the last round gives 1/K.
+Cosines are taken over the trainable parameters (``geometry="trainable"``, default; ``"all"``: every
+floating-point array, BatchNorm's running statistics included), :mod:`fedweigh.weighting.geometry`.
 
-Under homomorphic encryption the server cannot compute s_k: each client computes it with
-:func:`fedweigh.weighting.geometry.model_similarity` (it holds theta_k and theta_g) and reports the
-scalar "similarity"; whenever the server holds plaintext parameters it computes the similarity itself
-with the same function and ignores any reported value. Mode "delta" needs every client's delta, so
-only the server can compute it.
+Mode "direction" measures the data, not how far a site trained: Delta_k = theta_k - theta_g^t is
+compared with the previous global update, so a site that took ten times the steps in the same
+direction keeps its similarity, whereas cos(theta_k, theta_g) falls with every step taken. Before
+any global update is known (round 1, or a global model that did not move) every s_k is 0. The scheme
+keeps theta_g^{t-1} as state (``previous_global``, saved by ``state_dict``).
+
+Under homomorphic encryption the server cannot compute s_k: each client computes it with the same
+functions (:func:`fedweigh.weighting.geometry.model_similarity`,
+:func:`~fedweigh.weighting.geometry.direction_similarity`; for "direction" it holds theta_g^t and
+the global model it received in its previous round) and reports the scalar "similarity"; whenever
+the server holds plaintext parameters it computes the similarity itself and ignores any reported
+value. Mode "delta" needs every client's delta, so only the server can compute it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import numpy as np
 
 from fedweigh import schedules
 from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, softmax
-from fedweigh.weighting.geometry import delta_gram, model_similarity
+from fedweigh.weighting.geometry import (
+    ParameterGeometry,
+    check_geometry,
+    delta_gram,
+    direction_similarity,
+    model_similarity,
+)
 
-SimilarityMode = Literal["params", "delta", "layer"]
+SimilarityMode = Literal["params", "delta", "layer", "direction"]
+SpreadMode = Literal["minmax", "softmax"]
 WeightForm = Literal["log", "plain"]
+SIMILARITY_MODES: tuple[str, ...] = ("params", "delta", "layer", "direction")
+SPREAD_MODES: tuple[str, ...] = ("minmax", "softmax")
 
 
 def spread_similarity(similarity: np.ndarray) -> np.ndarray:
@@ -50,6 +77,56 @@ def spread_similarity(similarity: np.ndarray) -> np.ndarray:
         return np.full(s.size, 1.0 / s.size)
     scaled = (s - s.min()) / span
     return scaled / scaled.sum()
+
+
+def softmax_spread(similarity: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """softmax_k(z_k / tau) with z = (s - mean s) / std s (population std); uniform 1/K when all s are equal.
+
+    Standardising makes the spread independent of the cosines' scale (raw-parameter cosines differ
+    in the fourth decimal, update directions by tenths); tau sets how sharply the most similar site
+    is preferred: at tau = 1 a site one standard deviation above the mean gets e times the share of
+    one at the mean, whereas min-max always gives the least similar site 0 and the most similar the
+    largest share, however small their difference.
+    """
+    s = np.asarray(similarity, dtype=np.float64)
+    if float(s.max() - s.min()) <= 0.0:
+        return np.full(s.size, 1.0 / s.size)
+    z = (s - s.mean()) / s.std()
+    return softmax(z / temperature)
+
+
+def bound_by_prior(share: np.ndarray, prior: np.ndarray, factor: float) -> tuple[np.ndarray, float]:
+    """(s~, m): s~ = (1 - m) s^ + m p with the smallest m in [0, 1] such that p_k / c <= s~_k <= c p_k.
+
+    With d_k = s^_k - p_k, 1 - m = min(1, min_{d_k > 0} (c - 1) p_k / d_k, min_{d_k < 0} (1 - 1/c) p_k / -d_k).
+    s~ still sums to 1 and keeps the order of s^; the bound holds for the reputation
+    r = (1 - lambda) p + lambda s~ as well (a mixture of two vectors that satisfy it). c = 1 gives s~ = p.
+    """
+    s_hat = np.asarray(share, dtype=np.float64)
+    p = np.asarray(prior, dtype=np.float64)
+    d = s_hat - p
+    keep = 1.0
+    with np.errstate(divide="ignore"):
+        above = d > 0
+        if above.any():
+            keep = min(keep, float(np.min((factor - 1.0) * p[above] / d[above])))
+        below = d < 0
+        if below.any():
+            keep = min(keep, float(np.min((1.0 - 1.0 / factor) * p[below] / -d[below])))
+    keep = max(keep, 0.0)
+    return keep * s_hat + (1.0 - keep) * p, 1.0 - keep
+
+
+def _encode_arrays(arrays: Mapping[str, np.ndarray]) -> str:
+    """Arrays as one base64 text (an .npz archive), for the JSON state."""
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _decode_arrays(text: str) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(base64.b64decode(text.encode("ascii"), validate=True)), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
 
 
 def tempered_weights(
@@ -65,21 +142,26 @@ def tempered_weights(
 
 
 @dataclass(kw_only=True)
-class FedDRAWWeights(WeightingScheme):
+class FedDRAWWeights(ParameterGeometry, WeightingScheme):
     """Size prior and spread cosine similarity under an inner and a deferred outer schedule.
 
-    Defaults are provisional (docs/methods.md explains them) until the sensitivity study fixes them.
+    Defaults are the literal reading of the abstract (``similarity="params"``, ``spread="minmax"``,
+    no ``prior_factor``) until the sensitivity study (``benchmarks/feddraw_sensitivity.py``) fixes
+    them; docs/methods.md explains each option.
     """
 
     name: ClassVar[str] = "feddraw"
     he_client_scalars: ClassVar[tuple[str, ...]] = ("similarity",)
     he_refusal: ClassVar[str] = (
         "FedDRAW with similarity='delta' compares each update with the weighted mean of all "
-        "updates, which only the server could compute from plaintext updates; use similarity='params' "
-        "or 'layer', which each site computes itself"
+        "updates, which only the server could compute from plaintext updates; use similarity='params', "
+        "'layer' or 'direction', which each site computes itself"
     )
 
     similarity: SimilarityMode = "params"
+    spread: SpreadMode = "minmax"
+    temperature: float = 1.0
+    prior_factor: float | None = None
     inner: str = "linear"
     outer: str = "cosine"
     beta_max: float = 1.0
@@ -87,12 +169,34 @@ class FedDRAWWeights(WeightingScheme):
     form: WeightForm = "log"
     eps: float = 1e-12
     rate: float = 5.0
+    #: theta_g^{t-1}: the global model of the previous round over the compared arrays (state of
+    #: similarity="direction"; at a site, the global model it received in its previous round).
+    previous_global: dict[str, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.similarity not in ("params", "delta", "layer"):
+        check_geometry(self.geometry, scheme="feddraw")
+        if self.similarity not in SIMILARITY_MODES:
             raise ValueError(
-                f"feddraw: similarity must be 'params', 'delta' or 'layer', got {self.similarity!r}"
+                f"feddraw: similarity must be one of {', '.join(map(repr, SIMILARITY_MODES))}, got {self.similarity!r}"
+            )
+        if self.spread not in SPREAD_MODES:
+            raise ValueError(f"feddraw: spread must be 'minmax' or 'softmax', got {self.spread!r}")
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature <= 0
+        ):
+            raise ValueError(f"feddraw: temperature must be a positive number, got {self.temperature!r}")
+        if self.prior_factor is not None and (
+            isinstance(self.prior_factor, bool)
+            or not isinstance(self.prior_factor, (int, float))
+            or not math.isfinite(self.prior_factor)
+            or self.prior_factor < 1.0
+        ):
+            raise ValueError(
+                f"feddraw: prior_factor must be None (off) or a finite number >= 1, got {self.prior_factor!r}"
             )
         for label, shape in (("inner", self.inner), ("outer", self.outer)):
             if shape not in schedules.RAMP_SHAPES:
@@ -112,6 +216,12 @@ class FedDRAWWeights(WeightingScheme):
         # Mode "delta" needs all deltas at the server: plaintext only.
         self.he_compatible = self.similarity != "delta"  # type: ignore[misc]
 
+    @property
+    def needs_previous_global(self) -> bool:
+        """Whether the similarity compares with the previous global model (a site then sets
+        :attr:`previous_global` to the global model it received in its previous round)."""
+        return self.similarity == "direction"
+
     def client_scalars(
         self,
         *,
@@ -122,7 +232,8 @@ class FedDRAWWeights(WeightingScheme):
         params: dict[str, np.ndarray] | None = None,
         global_params: dict[str, np.ndarray] | None = None,
     ) -> dict[str, float]:
-        """{"similarity": s_k} computed by the client (modes "params" and "layer").
+        """{"similarity": s_k} computed by the client (modes "params", "layer" and "direction"; for
+        "direction" against :attr:`previous_global`, 0 when it is None).
 
         Mode "delta" compares each delta with the mean of all deltas, which no client can compute:
         the client reports nothing and the server computes the similarity from the parameters.
@@ -133,7 +244,16 @@ class FedDRAWWeights(WeightingScheme):
             raise ValueError(
                 "feddraw: the client needs its trained and the global parameters for its similarity"
             )
-        return {"similarity": model_similarity(params, global_params, self.similarity)}
+        return {"similarity": self._similarity_of(params, global_params, "client")}
+
+    def _similarity_of(
+        self, params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray], name: str
+    ) -> float:
+        """s_k of one client from its parameters (modes "params", "layer", "direction")."""
+        keys = self.compared_keys(global_params)
+        if self.similarity == "direction":
+            return direction_similarity(params, global_params, self.previous_global, name=name, keys=keys)
+        return model_similarity(params, global_params, self.similarity, name=name, keys=keys)
 
     def _similarities(
         self, reports: Sequence[ClientReport], global_params: dict[str, np.ndarray] | None, p: np.ndarray
@@ -147,13 +267,18 @@ class FedDRAWWeights(WeightingScheme):
                     )
             if global_params is None:
                 raise ValueError("feddraw: similarity='delta' needs the global parameters")
-            gram = delta_gram(global_params, [r.params for r in reports], [r.name for r in reports])  # type: ignore[misc]
+            gram = delta_gram(
+                global_params,
+                [r.params for r in reports],  # type: ignore[misc]
+                [r.name for r in reports],
+                keys=self.compared_keys(global_params),
+            )
             return gram.delta_cosines(p)
         s = np.empty(len(reports))
         for i, rep in enumerate(reports):
             # the server's own computation wins: a site could report any value in [-1, 1]
             if rep.params is not None and global_params is not None:
-                s[i] = model_similarity(rep.params, global_params, self.similarity, name=rep.name)
+                s[i] = self._similarity_of(rep.params, global_params, rep.name)
             elif "similarity" in rep.scalars:
                 s[i] = float(rep.scalars["similarity"])
             else:
@@ -174,9 +299,20 @@ class FedDRAWWeights(WeightingScheme):
         n = check_reports(reports, scheme=self.name)
         p = n / n.sum()
         s = self._similarities(reports, global_params, p)
-        s_hat = spread_similarity(s)
+        if self.similarity == "direction" and global_params is not None:
+            # theta_g^t becomes theta_g^{t-1} of the next round (under HE the sites keep it instead)
+            self.previous_global = {
+                k: np.array(global_params[k], copy=True) for k in self.compared_keys(global_params)
+            }
+        if self.spread == "softmax":
+            s_hat = softmax_spread(s, self.temperature)
+        else:
+            s_hat = spread_similarity(s)
+        share, mixed = (
+            (s_hat, 0.0) if self.prior_factor is None else bound_by_prior(s_hat, p, self.prior_factor)
+        )
         lam = schedules.ramp(self.inner, schedules.progress(round_index, num_rounds), self.rate)
-        r = (1.0 - lam) * p + lam * s_hat
+        r = (1.0 - lam) * p + lam * share
         beta = schedules.deferred_anneal(
             round_index, num_rounds, self.beta_max, self.rho, self.outer, self.rate
         )
@@ -186,7 +322,30 @@ class FedDRAWWeights(WeightingScheme):
             "similarity": s.tolist(),
             "spread_similarity": s_hat.tolist(),
             "lambda": lam,
+            **(
+                {"similarity_share": share.tolist(), "prior_mix": mixed}
+                if self.prior_factor is not None
+                else {}
+            ),
             "reputation": r.tolist(),
             "beta": beta,
         }
         return w
+
+    def state_dict(self) -> dict:
+        """{"previous_global": base64 .npz of theta_g^{t-1}} in mode "direction" once a round was
+        weighted with plaintext parameters; {} otherwise."""
+        if self.previous_global is None:
+            return {}
+        return {"previous_global": _encode_arrays(self.previous_global)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        text = state.get("previous_global")
+        if text is None:
+            self.previous_global = None
+            return
+        try:
+            self.previous_global = _decode_arrays(str(text))
+        except (ValueError, OSError, binascii.Error, zipfile.BadZipFile) as exc:
+            raise ValueError(f"feddraw: malformed state 'previous_global': {exc}") from None

@@ -1,7 +1,18 @@
 """Parameter geometry shared by the schemes: cosines, norms and the Gram matrix of client deltas.
 
-Every quantity is computed from three kinds of inner products over the floating-point arrays of a
-state dict (integer buffers such as ``num_batches_tracked`` are ignored), with
+Which arrays count (:func:`geometry_keys`): by default (``geometry="trainable"``) the trainable
+floating-point parameters only. A state dict also holds buffers, which are not parameters of the
+function the model computes but statistics of the data seen: BatchNorm's running mean and variance
+move far more than the weights in one round (after a first local epoch of the compact DenseNet,
+1 - cos over the whole state dict is 54 to 126 times 1 - cos over the parameters alone,
+docs/methods.md) and would decide every cosine and distance.
+A caller that holds the model names the buffers exactly (:func:`model_buffer_keys`, the keys of
+``named_buffers()``, set on a scheme with :func:`use_model_buffers`); with a state dict alone the
+rule is by name (:func:`is_buffer_name`: a last name component in :data:`BUFFER_NAMES`), which
+gives the same set for every architecture of :mod:`fedweigh.models`. ``geometry="all"`` compares
+every floating-point array of the state dict instead (integer buffers are never compared).
+
+Every quantity is computed from three kinds of inner products over the compared arrays, with
 Delta_k = theta_k - theta_g:
 
     A = ||theta_g||^2,   g_k = <theta_g, Delta_k>,   G_jk = <Delta_j, Delta_k>
@@ -21,8 +32,9 @@ Cosine convention for zero vectors: cos(0, 0) = 1, cos(0, v) = 0 for v != 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,10 +42,87 @@ from fedweigh.weighting.base import check_params_match
 
 CHUNK = 1 << 20
 
+GeometryMode = Literal["trainable", "all"]
+GEOMETRY_MODES: tuple[str, ...] = ("trainable", "all")
+
+#: Last name components of the buffers torch's normalisation layers keep in a state dict (BatchNorm's
+#: running statistics and batch counter): the rule when no model names its buffers.
+BUFFER_NAMES: tuple[str, ...] = ("running_mean", "running_var", "num_batches_tracked")
+
 
 def float_keys(params: Mapping[str, np.ndarray]) -> list[str]:
     """Keys of the floating-point arrays, in dict order."""
     return [k for k, v in params.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
+
+
+def is_buffer_name(key: str) -> bool:
+    """Whether a state-dict key names a buffer by the name rule: its last component is in :data:`BUFFER_NAMES`."""
+    return key.rsplit(".", 1)[-1] in BUFFER_NAMES
+
+
+def model_buffer_keys(model: Any) -> frozenset[str]:
+    """The state-dict keys of a torch module's buffers (``named_buffers()``), the exact set."""
+    return frozenset(name for name, _ in model.named_buffers())
+
+
+def check_geometry(geometry: object, *, scheme: str) -> None:
+    """Raise ValueError naming the scheme unless ``geometry`` is one of :data:`GEOMETRY_MODES`."""
+    if geometry not in GEOMETRY_MODES:
+        raise ValueError(
+            f"{scheme}: geometry must be 'trainable' (parameters only, buffers excluded) or 'all' "
+            f"(every floating-point array), got {geometry!r}"
+        )
+
+
+def geometry_keys(
+    params: Mapping[str, np.ndarray],
+    geometry: str = "trainable",
+    buffer_keys: Iterable[str] | None = None,
+) -> list[str]:
+    """The keys the geometry compares, in dict order.
+
+    geometry "all": every floating-point array; "trainable": the floating-point arrays that are not
+    buffers, ``buffer_keys`` when given (the model's exact set), else by :func:`is_buffer_name`.
+    Raises ValueError when nothing is left to compare.
+    """
+    check_geometry(geometry, scheme="parameter geometry")
+    keys = float_keys(params)
+    if geometry == "trainable":
+        if buffer_keys is None:
+            keys = [k for k in keys if not is_buffer_name(k)]
+        else:
+            excluded = frozenset(buffer_keys)
+            keys = [k for k in keys if k not in excluded]
+    if not keys:
+        raise ValueError(
+            f"no floating-point {'parameters' if geometry == 'trainable' else 'arrays'} to compare"
+        )
+    return keys
+
+
+@dataclass(kw_only=True)
+class ParameterGeometry:
+    """Mixin of the schemes that compare parameters (FedDRAW, FedAdp, IDA, FedAWA).
+
+    geometry: "trainable" (default: parameters only, buffers excluded) or "all" (every
+        floating-point array of the state dict, buffers included).
+    buffer_keys: the exact buffer keys of the model (set by :func:`use_model_buffers` where the
+        model is at hand); None: the name rule of :func:`is_buffer_name`. Not an option, not state.
+    """
+
+    geometry: GeometryMode = "trainable"
+    buffer_keys: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def compared_keys(self, params: Mapping[str, np.ndarray]) -> list[str]:
+        """The keys of ``params`` this scheme's geometry compares (:func:`geometry_keys`)."""
+        return geometry_keys(params, self.geometry, self.buffer_keys)
+
+
+def use_model_buffers(scheme: object, model: Any) -> None:
+    """Give a parameter-comparing scheme the exact buffer keys of ``model`` (a torch module); a no-op
+    for other schemes or when ``model`` has no ``named_buffers``."""
+    if isinstance(scheme, ParameterGeometry) and callable(getattr(model, "named_buffers", None)):
+        scheme.buffer_keys = model_buffer_keys(model)
 
 
 def _compute_dtype(arrays: Sequence[np.ndarray]) -> type[np.floating]:
@@ -67,14 +156,19 @@ def cosine_from_gram(dot: np.ndarray, sq_a: np.ndarray, sq_b: np.ndarray) -> np.
 
 
 def layer_stats(
-    params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray], *, name: str = "client"
+    params: Mapping[str, np.ndarray],
+    global_params: Mapping[str, np.ndarray],
+    *,
+    name: str = "client",
+    keys: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per floating-point array l: (||theta_g,l||^2, <theta_g,l, Delta_l>, ||Delta_l||^2), float64.
+    """Per compared array l: (||theta_g,l||^2, <theta_g,l, Delta_l>, ||Delta_l||^2), float64.
 
-    Used by clients (to report their similarity under HE) and by the server alike.
+    ``keys``: the arrays to compare (default: every floating-point array). Used by clients (to
+    report their similarity under HE) and by the server alike.
     """
     check_params_match(name, params, global_params)
-    keys = float_keys(global_params)
+    keys = float_keys(global_params) if keys is None else list(keys)
     a = np.empty(len(keys))
     g = np.empty(len(keys))
     c = np.empty(len(keys))
@@ -100,13 +194,15 @@ def model_similarity(
     mode: str = "params",
     *,
     name: str = "client",
+    keys: Sequence[str] | None = None,
 ) -> float:
-    """Cosine similarity between a client's and the global parameters.
+    """Cosine similarity between a client's and the global parameters over the arrays ``keys``
+    (default: every floating-point array).
 
-    mode "params": cos(vec theta_k, vec theta_g) over all floating-point arrays;
-    mode "layer":  the mean over floating-point arrays l of cos(theta_k,l, theta_g,l).
+    mode "params": cos(vec theta_k, vec theta_g);
+    mode "layer":  the mean over arrays l of cos(theta_k,l, theta_g,l).
     """
-    a, g, c = layer_stats(params, global_params, name=name)
+    a, g, c = layer_stats(params, global_params, name=name, keys=keys)
     if mode == "params":
         return float(cosine_from_parts(a.sum(), g.sum(), c.sum()))
     if mode == "layer":
@@ -114,6 +210,51 @@ def model_similarity(
             raise ValueError("no floating-point parameters to compare")
         return float(np.mean(cosine_from_parts(a, g, c)))
     raise ValueError(f"similarity mode must be 'params' or 'layer' here, got {mode!r}")
+
+
+def direction_similarity(
+    params: Mapping[str, np.ndarray],
+    global_params: Mapping[str, np.ndarray],
+    previous_global: Mapping[str, np.ndarray] | None,
+    *,
+    name: str = "client",
+    keys: Sequence[str] | None = None,
+) -> float:
+    """cos(Delta_k, Delta_g^prev) with Delta_k = theta_k - theta_g^t, Delta_g^prev = theta_g^t - theta_g^{t-1}.
+
+    The agreement of a client's update with the previous global update, over the arrays ``keys``
+    (default: every floating-point array), in float64. Invariant to the length of the client's
+    update (its number of local steps), unlike cos(theta_k, theta_g). No previous global model, or
+    a zero previous update (the global model did not move), gives 0 for every client: no direction
+    is known, so no client is preferred.
+    """
+    check_params_match(name, params, global_params)
+    keys = float_keys(global_params) if keys is None else list(keys)
+    if previous_global is None:
+        return 0.0
+    missing = [k for k in keys if k not in previous_global]
+    if missing:
+        raise ValueError(f"the previous global model lacks array(s) {missing[:3]} that the geometry compares")
+    dot = prev_sq = own_sq = 0.0
+    for key in keys:
+        g = np.asarray(global_params[key], dtype=np.float64).ravel()
+        before = np.asarray(previous_global[key], dtype=np.float64).ravel()
+        if before.shape != g.shape:
+            raise ValueError(
+                f"the previous global model's array {key!r} has {before.size} values, not {g.size}"
+            )
+        step = g - before
+        delta = np.asarray(params[key], dtype=np.float64).ravel() - g
+        dot += float(np.dot(delta, step))
+        prev_sq += float(np.dot(step, step))
+        own_sq += float(np.dot(delta, delta))
+    if not (math.isfinite(dot) and math.isfinite(own_sq)):
+        raise ValueError(f"client {name!r}: parameters hold non-finite values")
+    if not math.isfinite(prev_sq):
+        raise ValueError("global parameters hold non-finite values")
+    if prev_sq <= 0.0:
+        return 0.0
+    return float(cosine_from_gram(dot, own_sq, prev_sq))
 
 
 def delta_norms(
@@ -196,8 +337,10 @@ def delta_gram(
     names: Sequence[str],
     *,
     chunk: int = CHUNK,
+    keys: Sequence[str] | None = None,
 ) -> DeltaGram:
-    """Build :class:`DeltaGram` in one pass over the parameters (one (K+1) x chunk block at a time).
+    """Build :class:`DeltaGram` over the arrays ``keys`` (default: every floating-point array) in one
+    pass over the parameters (one (K+1) x chunk block at a time).
 
     Row 0 of each block holds theta_g, rows 1..K the deltas; the block's Gram matrix X X^T is
     computed by BLAS in the arrays' precision and accumulated in float64.
@@ -206,7 +349,7 @@ def delta_gram(
         raise ValueError("one name per client parameter dict is required")
     for nm, p in zip(names, client_params, strict=True):
         check_params_match(nm, p, global_params)
-    keys = float_keys(global_params)
+    keys = float_keys(global_params) if keys is None else list(keys)
     arrays = [np.asarray(global_params[k]) for k in keys]
     arrays += [np.asarray(p[k]) for p in client_params for k in keys]
     dt = _compute_dtype(arrays)

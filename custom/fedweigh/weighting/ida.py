@@ -5,7 +5,9 @@ Non-IID Data". With theta_avg = (1/K) sum_k theta_k, the plain mean of the round
 
     w_k = ||theta_avg - theta_k||^-1 / sum_j ||theta_avg - theta_j||^-1
 
-over all floating-point arrays. Guard: distances are floored at ``eps``; if every distance is at
+over the trainable parameters (``geometry="trainable"``, default: BatchNorm's running statistics and
+other buffers excluded, :mod:`fedweigh.weighting.geometry`; ``geometry="all"``: every floating-point
+array of the state dict, the paper's "model weights" read as the whole state dict). Guard: distances are floored at ``eps``; if every distance is at
 most ``eps`` (one client, or identical clients) the weights are uniform 1/K. Needs the clients'
 plaintext models, so it cannot run under homomorphic encryption.
 """
@@ -20,11 +22,11 @@ from typing import ClassVar
 import numpy as np
 
 from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round
-from fedweigh.weighting.geometry import delta_gram
+from fedweigh.weighting.geometry import ParameterGeometry, check_geometry, delta_gram
 
 
 @dataclass(kw_only=True)
-class IDAWeights(WeightingScheme):
+class IDAWeights(ParameterGeometry, WeightingScheme):
     """Inverse distance of each client model to the plain mean of the client models."""
 
     name: ClassVar[str] = "ida"
@@ -38,6 +40,7 @@ class IDAWeights(WeightingScheme):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_geometry(self.geometry, scheme="ida")
         if not math.isfinite(self.eps) or self.eps <= 0:
             raise ValueError(f"ida: eps must be a positive number, got {self.eps!r}")
 
@@ -53,7 +56,12 @@ class IDAWeights(WeightingScheme):
         if global_params is None:
             raise ValueError("ida: the global parameters are required")
         k = len(reports)
-        gram = delta_gram(global_params, [r.params for r in reports], [r.name for r in reports])  # type: ignore[misc]
+        gram = delta_gram(
+            global_params,
+            [r.params for r in reports],  # type: ignore[misc]
+            [r.name for r in reports],
+            keys=self.compared_keys(global_params),
+        )
         dist = gram.distances_to_mix(np.full(k, 1.0 / k))
         if np.all(dist <= self.eps):
             w = np.full(k, 1.0 / k)
