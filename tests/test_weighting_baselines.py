@@ -29,7 +29,8 @@ def test_fedavg_and_fedprox():
     np.testing.assert_allclose(get_scheme("fedavg").weights(reps, None, 1, 1), [0.25, 0.75], rtol=1e-15)
     prox = get_scheme("fedprox")
     np.testing.assert_allclose(prox.weights(reps, None, 1, 1), [0.25, 0.75], rtol=1e-15)
-    assert prox.client_mu == 0.001
+    assert prox.client_mu == 0.01  # chosen by validation AUC (docs/methods.md, FedProx)
+    assert prox.fedprox_mu == 0.01
     with pytest.raises(ValueError, match="client_mu"):
         get_scheme("fedprox", client_mu=-1.0)
 
