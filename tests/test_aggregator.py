@@ -34,8 +34,9 @@ def _result(site: str, n: int, value: float, **meta) -> FLModel:
     "scheme, options, needs",
     [
         ("cbr", {}, "scalars"),
-        ("feddisco", {}, "histogram"),
-        ("dafl", {"mode": "inverse_imbalance"}, "scalars"),
+        ("feddisco", {}, "scalars"),
+        ("feddisco", {"target": "global"}, "histogram"),
+        ("dafl", {}, "scalars"),
     ],
 )
 def test_schemes_stock_fedavg_cannot_feed_are_refused(scheme, options, needs):
@@ -73,8 +74,8 @@ def test_an_invalid_result_is_skipped_and_too_few_keep_the_model():
 
 
 #: The schemes the README says stock FedAvg can feed through FedweighAggregator (they weight from
-#: parameters, sample counts and steps), DAFL in its default size mode; every other scheme is refused.
-STOCK_FEDAVG_SCHEMES = {"fedavg", "fedprox", "fednova", "fedadp", "ida", "fedawa", "feddraw", "dafl"}
+#: parameters, sample counts and steps); every other scheme is refused.
+STOCK_FEDAVG_SCHEMES = {"fedavg", "fedprox", "fednova", "fedadp", "ida", "fedawa", "feddraw"}
 
 
 def test_the_schemes_stock_fedavg_can_feed_are_exactly_the_documented_ones():

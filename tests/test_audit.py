@@ -1,7 +1,7 @@
 """Message audit: everything the server receives in a secure run, through the real controller.
 
-One DAFL job (DAFL loss, so a secure label-statistics phase; size weights, so the plan asks the sites
-for no scalar at all) with homomorphically encrypted updates, 3 sites, 2 rounds, in
+One DAFL job (DAFL loss, so a secure label-statistics phase; size weights, ``mode="size"``, so the
+plan asks the sites for no scalar at all) with homomorphically encrypted updates, 3 sites, 2 rounds, in
 ``nvflare simulator``. A task-result filter (tests/audit_filter.py) records every message the server
 receives before the controller reads it, in every phase: statistics (collect, distribute), training
 rounds, and the final evaluation; a component records every event the sites send it (the metrics
@@ -67,7 +67,12 @@ def _export(tmp_path: Path, audit_dir: Path) -> Path:
     from fedweigh.flare.recipes import DAFLRecipe
 
     recipe = DAFLRecipe(
-        name="audit_dafl_he", num_rounds=ROUNDS, min_clients=len(SITES), client=TINY_CLIENT, he=True
+        name="audit_dafl_he",
+        num_rounds=ROUNDS,
+        min_clients=len(SITES),
+        client=TINY_CLIENT,
+        he=True,
+        dafl={"mode": "size"},
     )
     jobs = tmp_path / "jobs"
     recipe.export(str(jobs))

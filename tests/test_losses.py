@@ -301,11 +301,18 @@ def test_dafl_gamma_zero_and_c_zero_equals_ce() -> None:
     assert loss(z, y).item() == pytest.approx(F.cross_entropy(z, y).item(), rel=1e-6)
 
 
-def test_dafl_multiclass_hand_value_from_global_statistics() -> None:
+def _local_c_k(counts: list[int], n: int) -> float:
+    """c_k with the 'half' rule: a missing class counts (2 max(N_k, C) - 1)."""
+    return float(np.mean([(n - c) / c if c > 0 else 2 * max(n, len(counts)) - 1 for c in counts]))
+
+
+def test_dafl_multiclass_hand_value_site_c_k_and_global_c_class() -> None:
+    """Default client_term="local": c_i = lam c_k + (1 - lam) c_class_i with the site's own c_k."""
     ctx = mc_ctx(global_class_counts=np.array([6, 3, 1]), global_num_samples=10, client_level_parameter=2.0)
     lam = 0.5
+    c_k = _local_c_k([3, 1, 0], 4)  # (1/3 + 3 + 7) / 3
     c_class = [(10 - 6) / 6, (10 - 3) / 3, (10 - 1) / 1]
-    w = [1 + lam * 2.0 + (1 - lam) * cc for cc in c_class]
+    w = [1 + lam * c_k + (1 - lam) * cc for cc in c_class]
     loss = build_loss("dafl", ctx)  # multiclass default: raw weights, as in the paper
     assert loss.class_weights.tolist() == pytest.approx(w, rel=1e-6)
     terms = []
@@ -313,13 +320,22 @@ def test_dafl_multiclass_hand_value_from_global_statistics() -> None:
         p = softmax(z)[y]
         terms.append(-w[y] * (1 - p) ** 2 * math.log(p))
     assert loss(t(MC_LOGITS), torch.tensor(MC_TARGETS)).item() == pytest.approx(np.mean(terms), rel=1e-6)
-    assert loss.info["c_client_source"] == "global" and loss.info["c_class_source"] == "global"
+    assert loss.info["c_client_source"] == "local" and loss.info["c_class_source"] == "global"
+
+
+def test_dafl_client_term_global_uses_the_federations_c_client() -> None:
+    ctx = mc_ctx(global_class_counts=np.array([6, 3, 1]), global_num_samples=10, client_level_parameter=2.0)
+    c_class = [(10 - 6) / 6, (10 - 3) / 3, (10 - 1) / 1]
+    loss = build_loss("dafl", ctx, client_term="global")
+    assert loss.class_weights.tolist() == pytest.approx([1 + 1.0 + 0.5 * cc for cc in c_class], rel=1e-6)
+    assert loss.info["c_client_source"] == "global"
+    with pytest.raises(ValueError, match="client_term must be one of .*'site'"):
+        build_loss("dafl", ctx, client_term="site")
 
 
 def test_dafl_falls_back_to_local_statistics() -> None:
-    loss = build_loss("dafl", mc_ctx(), lam=0.25)
-    # local c_k = mean_i (N_k - n_i) / max(n_i, 1) with counts (3, 1, 0), N_k = 4
-    c_k = ((4 - 3) / 3 + (4 - 1) / 1 + (4 - 0) / 1) / 3
+    loss = build_loss("dafl", mc_ctx(), lam=0.25, client_term="global")
+    c_k = _local_c_k([3, 1, 0], 4)
     c_class = [(4 - 3) / 3, (4 - 1) / 1, 0.0]
     w = [1 + 0.25 * c_k + 0.75 * cc for cc in c_class]
     assert loss.info["c_client_source"] == "local" and loss.info["c_class_source"] == "local"
@@ -327,38 +343,70 @@ def test_dafl_falls_back_to_local_statistics() -> None:
     assert loss.class_weights.tolist() == pytest.approx(w, rel=1e-6)
 
 
-@pytest.mark.parametrize("normalize", ["mean", "none"])
+ML_GLOBAL = dict(global_class_counts=np.array([20, 2, 50]), global_num_samples=100)
+
+
+def _ml_weights(normalize: str) -> tuple[list[float], float]:
+    """Positive weights and negative weight of ml_ctx(**ML_GLOBAL) by hand."""
+    c_k = _local_c_k([2, 1, 0], 4)  # (1 + 3 + 7) / 3
+    raw = [1 + 0.5 * c_k + 0.5 * (100 - n) / n for n in (20, 2, 50)]
+    if normalize == "none":
+        return raw, 1.0
+    if normalize == "mean":
+        return [r / np.mean(raw) for r in raw], 1.0
+    q = [2 / 4, 1 / 4, 0 / 4]  # the site's prevalence
+    scale = np.mean([qj * r + (1 - qj) for qj, r in zip(q, raw, strict=True)])
+    return [r / scale for r in raw], 1.0 / scale
+
+
+@pytest.mark.parametrize("normalize", ["entries", "mean", "none"])
 def test_dafl_multilabel_hand_value(normalize: str) -> None:
-    ctx = ml_ctx(
-        global_class_counts=np.array([20, 2, 50]), global_num_samples=100, client_level_parameter=3.0
-    )
-    raw = [1 + 0.5 * 3.0 + 0.5 * (100 - n) / n for n in (20, 2, 50)]
-    w = [r / np.mean(raw) for r in raw] if normalize == "mean" else raw
+    w, v = _ml_weights(normalize)
     terms = []
     for row_x, row_y in zip(ML_LOGITS, ML_TARGETS, strict=True):
         for j, (x, y) in enumerate(zip(row_x, row_y, strict=True)):
             if math.isnan(y):
                 continue
             s = sig(x)
-            terms.append(-w[j] * y * (1 - s) ** 2 * math.log(s) - (1 - y) * s**2 * math.log(1 - s))
-    loss = build_loss("dafl", ctx, normalize=normalize)
+            terms.append(-w[j] * y * (1 - s) ** 2 * math.log(s) - v * (1 - y) * s**2 * math.log(1 - s))
+    loss = build_loss("dafl", ml_ctx(**ML_GLOBAL), normalize=normalize)
     assert loss.class_weights.tolist() == pytest.approx(w, rel=1e-6)
+    assert loss.negative_weight.item() == pytest.approx(v, rel=1e-6)
     assert loss(t(ML_LOGITS), t(ML_TARGETS)).item() == pytest.approx(sum(terms) / len(terms), rel=1e-6)
 
 
-def test_dafl_multilabel_default_normalizes_to_mean_one() -> None:
-    ctx = ml_ctx(
-        global_class_counts=np.array([900, 1, 30]), global_num_samples=1000, client_level_parameter=50.0
-    )
+def test_dafl_multilabel_default_keeps_the_positive_negative_ratio() -> None:
+    """A positive entry of finding j weighs (1 + c_j) times a negative one with the mirrored logit
+    (the focal terms are then equal), as the unnormalised loss says. Normalising the positive weights
+    to mean 1 (the earlier default, "mean") shrinks the ratio to (1 + c_j) / mean(1 + c): ~1 on average."""
+    ctx = ml_ctx(global_class_counts=np.array([900, 1, 30]), global_num_samples=1000)
     loss = build_loss("dafl", ctx)
-    assert loss.normalize == "mean"
-    assert loss.class_weights.mean().item() == pytest.approx(1.0, rel=1e-6)
+    assert loss.normalize == "entries"
+    raw = 1.0 + np.array(loss.info["c_class"]) * 0.5 + 0.5 * float(loss.info["c_client"])
+    z = 0.7
+    for j in range(3):
+        pos_logits = torch.zeros(1, 3)
+        pos_logits[0, j] = z
+        pos_target = torch.full((1, 3), NAN)
+        pos_target[0, j] = 1.0
+        neg_logits = -pos_logits
+        neg_target = pos_target.clone()
+        neg_target[0, j] = 0.0
+        ratio = loss(pos_logits, pos_target).item() / loss(neg_logits, neg_target).item()
+        assert ratio == pytest.approx(raw[j], rel=1e-5)
+        old = build_loss("dafl", ctx, normalize="mean")
+        old_ratio = old(pos_logits, pos_target).item() / old(neg_logits, neg_target).item()
+        assert old_ratio == pytest.approx(raw[j] / raw.mean(), rel=1e-5)
+    # the mean weight of a label entry on the site's own data is 1
+    q = ctx.class_counts / ctx.num_samples
+    mean_entry = np.mean(q * loss.class_weights.numpy() + (1 - q) * loss.negative_weight.item())
+    assert mean_entry == pytest.approx(1.0, rel=1e-6)
     assert torch.argmax(loss.class_weights).item() == 1  # the rarest finding weighs most
 
 
 def test_dafl_learnable_gamma_and_update_context() -> None:
     ctx = mc_ctx(global_class_counts=np.array([6, 3, 1]), global_num_samples=10, client_level_parameter=2.0)
-    loss = build_loss("dafl", ctx, learnable_gamma=True)
+    loss = build_loss("dafl", ctx, learnable_gamma=True, client_term="global")
     params = list(loss.parameters())
     assert len(params) == 1 and params[0].item() == pytest.approx(2.0)
     z = t([[50.0, -50.0, 0.0], [0.2, 0.4, 0.1], [-0.5, 1.5, 0.3]], grad=True)

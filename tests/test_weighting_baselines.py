@@ -9,6 +9,7 @@ import pytest
 from fedweigh.weighting import ClientReport, get_scheme
 from fedweigh.weighting.fedadp import gompertz
 from fedweigh.weighting.feddisco import kl_discrepancy
+from fedweigh.weighting.fednova import momentum_normaliser
 
 
 def vec_reports(global_vec, deltas, sizes, names=None, steps=None):
@@ -28,7 +29,8 @@ def test_fedavg_and_fedprox():
     np.testing.assert_allclose(get_scheme("fedavg").weights(reps, None, 1, 1), [0.25, 0.75], rtol=1e-15)
     prox = get_scheme("fedprox")
     np.testing.assert_allclose(prox.weights(reps, None, 1, 1), [0.25, 0.75], rtol=1e-15)
-    assert prox.client_mu == 0.001
+    assert prox.client_mu == 0.01  # chosen by validation AUC (docs/methods.md, FedProx)
+    assert prox.fedprox_mu == 0.01
     with pytest.raises(ValueError, match="client_mu"):
         get_scheme("fedprox", client_mu=-1.0)
 
@@ -47,6 +49,41 @@ def test_fednova_closed_form():
     # equal steps -> FedAvg
     reps_eq = vec_reports(G["w"], [[1.0, 0.0], [0.0, 2.0]], [100, 300], steps=[7, 7])
     np.testing.assert_allclose(scheme.weights(reps_eq, G, 1, 3), [0.25, 0.75], rtol=1e-15)
+
+
+def test_fednova_momentum_sgd_normaliser_is_the_closed_form():
+    """||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho); tau = 10, rho = 0.9 by hand:
+    (10 - 0.9 (1 - 0.9^10) / 0.1) / 0.1 = 41.3810..., checked against torch.optim.SGD's displacement
+    under a constant unit gradient (the sum of the gradient coefficients)."""
+    import torch
+
+    expected = (10 - 0.9 * (1 - 0.9**10) / 0.1) / 0.1
+    assert momentum_normaliser(np.array([10.0]), 0.9)[0] == pytest.approx(expected, rel=1e-14)
+    assert expected == pytest.approx(41.3810596, rel=1e-8)
+    for tau in (1, 4, 10, 37):
+        x = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.SGD([x], lr=1.0, momentum=0.9)
+        for _ in range(tau):
+            opt.zero_grad()
+            x.sum().backward()  # gradient 1
+            opt.step()
+        assert -x.item() == pytest.approx(momentum_normaliser(np.array([tau]), 0.9)[0], rel=1e-12)
+    # weights: p = (0.25, 0.75), tau = (10, 30) -> a = (A10, A30), tau_eff = 0.25 A10 + 0.75 A30
+    a10, a30 = momentum_normaliser(np.array([10.0, 30.0]), 0.9)
+    tau_eff = 0.25 * a10 + 0.75 * a30
+    reps = vec_reports(G["w"], [[1.0, 0.0], [0.0, 2.0]], [100, 300], steps=[10, 30])
+    w = get_scheme("fednova", local_optimizer="sgd", momentum=0.9).weights(reps, G, 1, 3)
+    np.testing.assert_allclose(w, [tau_eff * 0.25 / a10, tau_eff * 0.75 / a30], rtol=1e-14)
+    # it differs from the plain-step normaliser the Adam default uses
+    assert not np.allclose(w, get_scheme("fednova").weights(reps, G, 1, 3))
+    # rho = 0 is plain SGD: a = tau
+    np.testing.assert_allclose(
+        get_scheme("fednova", local_optimizer="sgd", momentum=0.0).weights(reps, G, 1, 3), [0.625, 0.625]
+    )
+    with pytest.raises(ValueError, match="local_optimizer must be one of .*'rmsprop'"):
+        get_scheme("fednova", local_optimizer="rmsprop")
+    with pytest.raises(ValueError, match="momentum must lie in \\[0, 1\\), got 1.0"):
+        get_scheme("fednova", local_optimizer="sgd", momentum=1.0)
 
 
 def test_fedadp_two_rounds_of_smoothing_and_state():
@@ -91,8 +128,30 @@ def test_ida_by_hand_and_guards():
     np.testing.assert_allclose(get_scheme("ida").weights(same, g, 1, 2), [0.5, 0.5], rtol=1e-15)
 
 
-def test_feddisco_client_discrepancy_by_hand():
+def test_feddisco_uniform_target_by_hand():
+    """Default target (the authors' code): d_k = KL(D_k || uniform) = sum_j D_kj log(C D_kj)."""
     scheme = get_scheme("feddisco")
+    assert scheme.target == "uniform" and scheme.needs_global_histogram is False
+    # D_k = (0.25, 0.75), C = 2: 0.25 log 0.5 + 0.75 log 1.5; the global histogram is ignored
+    sc = scheme.client_scalars(
+        class_counts=np.array([1, 3]), num_samples=4, global_class_counts=np.array([9, 1])
+    )
+    assert sc["discrepancy"] == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
+    # C = 3, D_k = (0.5, 0.5, 0): 2 * 0.5 log(1.5) = log 1.5 (a missing class contributes 0)
+    sc3 = scheme.client_scalars(class_counts=np.array([2, 2, 0]), num_samples=4)
+    assert sc3["discrepancy"] == pytest.approx(math.log(1.5))
+    # against a skewed pooled histogram the "global" target gives a different number
+    glob = get_scheme("feddisco", target="global").client_scalars(
+        class_counts=np.array([2, 2, 0]), num_samples=4, global_class_counts=np.array([8, 1, 1])
+    )
+    assert glob["discrepancy"] == pytest.approx(0.5 * math.log(0.5 / 0.8) + 0.5 * math.log(0.5 / 0.1))
+    with pytest.raises(ValueError, match="target must be one of .*'pooled'"):
+        get_scheme("feddisco", target="pooled")
+
+
+def test_feddisco_global_target_by_hand():
+    scheme = get_scheme("feddisco", target="global")
+    assert scheme.needs_global_histogram is True
     sc = scheme.client_scalars(
         class_counts=np.array([1, 3]), num_samples=4, global_class_counts=np.array([2, 2])
     )

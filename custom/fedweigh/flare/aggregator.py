@@ -10,7 +10,7 @@ Each round goes through the same :class:`fedweigh.rounds.RoundStep` as the fedwe
 label-statistics phase, so this aggregator can feed only the schemes that weight from parameters,
 sample counts and steps: FedAvg, FedProx (weights only; the clients' proximal term is theirs),
 FedNova, FedAdp, IDA, FedAWA and FedDRAW. Schemes that need client-reported scalars or the global
-label histogram (CBR, DAFL with ``mode="inverse_imbalance"``, FedDisco) are refused at construction
+label histogram (CBR, DAFL unless ``mode="size"``, FedDisco) are refused at construction
 with the reason: use :class:`~fedweigh.flare.controller.FedweighController` (the fedweigh recipes) for
 them. An invalid result is skipped with a logged reason; if fewer than ``min_clients`` valid results
 remain, the previous global model is returned unchanged.

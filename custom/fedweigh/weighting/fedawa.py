@@ -6,8 +6,22 @@ client vectors tau_k = Delta_k = theta_k - theta_g. Objective:
 
     L(T) = sum_k lambda_k (1 - cos(theta_g, theta_k)) + sum_k lambda_k ||tau_k - sum_j lambda_j tau_j||_2
 
-The round aggregates with the current (pre-step) lambda, then takes one Adam step on T (lr 1e-3,
-betas (0.5, 0.999), eps 1e-8; torch.optim.Adam's update rule) for the next round.
+Server iterations (the authors' code, ChanglongShi/FedAWA ``server_funct.fedawa``): each round runs
+``server_iters`` Adam steps on T (lr 1e-3, betas (0.5, 0.999), eps 1e-8; torch.optim.Adam's update
+rule) over the round's client vectors, and aggregates with the lambda of the last iteration, taken
+before its step; T carries over to the next round.
+
+- ``adam_state="round"`` (default, the code: the optimizer is built inside every round's call):
+  Adam's moments and step count start at zero each round. ``"persistent"``: they are kept per site
+  across rounds (the earlier reading).
+- ``server_iters`` (default 20; the code's ``--server_epochs`` defaults to 1): Adam moves a logit by
+  at most about lr per step, so one step per round moves it by at most 0.05 in 50 rounds and the
+  weights cannot leave FedAvg's neighbourhood. The objective's second term is 0 at every vertex of
+  the simplex, so unbounded optimisation would collapse onto one client; 20 steps of 1e-3 let a
+  logit move by up to 1.0 over 50 rounds.
+- ``init="log_size"`` (default): a new site starts at T_k = log(N_k / N), so the first iteration's
+  lambda is FedAvg's. ``"size"`` (the code): T_k = N_k / N, so lambda starts at softmax(N_k / N),
+  between FedAvg and uniform.
 
 The gradient is exact and needs only inner products (G = Gram matrix of the tau's, m = sum lambda tau,
 e_k = ||tau_k - m||, c_k = 1 - cos(theta_g, theta_k)):
@@ -15,8 +29,8 @@ e_k = ||tau_k - m||, c_k = 1 - cos(theta_g, theta_k)):
     dL/dlambda_i = c_i + e_i - sum_k lambda_k (G_ki - (G lambda)_i) / e_k      (terms with e_k = 0 drop)
     dL/dT_j      = lambda_j (dL/dlambda_j - sum_i lambda_i dL/dlambda_i)
 
-READING for partial participation: logits, Adam moments and Adam step counts are kept per site name;
-a site seen for the first time starts at T_k = log(N_k / N) with N summed over that round's clients;
+READING for partial participation: logits (and, with ``adam_state="persistent"``, Adam moments and
+step counts) are kept per site name; a site seen for the first time starts from its round's N_k / N;
 a site that skips a round keeps its state untouched. Needs plaintext client models (not HE).
 Client vectors and cosines are taken over the trainable parameters (``geometry="trainable"``,
 default; ``"all"``: every floating-point array, buffers included; :mod:`fedweigh.weighting.geometry`).
@@ -29,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -56,7 +70,7 @@ def fedawa_objective_and_grad(logits: np.ndarray, gram: DeltaGram) -> tuple[floa
 
 @dataclass(kw_only=True)
 class FedAWAWeights(ParameterGeometry, WeightingScheme):
-    """lambda = softmax(T); one Adam step on T per round after the weights are handed out."""
+    """lambda = softmax(T); ``server_iters`` Adam steps on T per round, aggregation with the last pre-step lambda."""
 
     name: ClassVar[str] = "fedawa"
     he_compatible: ClassVar[bool] = False
@@ -68,6 +82,9 @@ class FedAWAWeights(ParameterGeometry, WeightingScheme):
     lr: float = 1e-3
     betas: tuple[float, float] = (0.5, 0.999)
     adam_eps: float = 1e-8
+    server_iters: int = 20
+    adam_state: Literal["round", "persistent"] = "round"
+    init: Literal["log_size", "size"] = "log_size"
     logits: dict[str, float] = field(default_factory=dict, init=False)
     exp_avg: dict[str, float] = field(default_factory=dict, init=False)
     exp_avg_sq: dict[str, float] = field(default_factory=dict, init=False)
@@ -83,6 +100,16 @@ class FedAWAWeights(ParameterGeometry, WeightingScheme):
             raise ValueError(f"fedawa: betas must lie in [0, 1), got {self.betas!r}")
         if not math.isfinite(self.adam_eps) or self.adam_eps <= 0:
             raise ValueError(f"fedawa: adam_eps must be a positive number, got {self.adam_eps!r}")
+        if (
+            isinstance(self.server_iters, bool)
+            or not isinstance(self.server_iters, int)
+            or self.server_iters < 1
+        ):
+            raise ValueError(f"fedawa: server_iters must be an integer >= 1, got {self.server_iters!r}")
+        if self.adam_state not in ("round", "persistent"):
+            raise ValueError(f"fedawa: adam_state must be 'round' or 'persistent', got {self.adam_state!r}")
+        if self.init not in ("log_size", "size"):
+            raise ValueError(f"fedawa: init must be 'log_size' or 'size', got {self.init!r}")
 
     def weights(
         self,
@@ -91,7 +118,7 @@ class FedAWAWeights(ParameterGeometry, WeightingScheme):
         round_index: int,
         num_rounds: int,
     ) -> np.ndarray:
-        """Returns the pre-step lambda and advances the logits by one Adam step: call once per round."""
+        """Runs the round's server iterations and returns the last iteration's pre-step lambda: call once per round."""
         check_round(round_index, num_rounds)
         n = check_reports(reports, scheme=self.name, params=True)
         if global_params is None:
@@ -106,25 +133,44 @@ class FedAWAWeights(ParameterGeometry, WeightingScheme):
         p = n / n.sum()
         for name, pk in zip(names, p, strict=True):
             if name not in self.logits:
-                self.logits[name] = float(math.log(pk))
+                self.logits[name] = float(math.log(pk)) if self.init == "log_size" else float(pk)
                 self.exp_avg[name] = 0.0
                 self.exp_avg_sq[name] = 0.0
                 self.steps[name] = 0
         logits = np.array([self.logits[nm] for nm in names])
-        lam = softmax(logits)
-        objective, grad = fedawa_objective_and_grad(logits, gram)
+        if self.adam_state == "round":
+            m = np.zeros(len(names))
+            v = np.zeros(len(names))
+            step = np.zeros(len(names))
+        else:
+            m = np.array([self.exp_avg[nm] for nm in names])
+            v = np.array([self.exp_avg_sq[nm] for nm in names])
+            step = np.array([float(self.steps[nm]) for nm in names])
         b1, b2 = self.betas
-        for name, t_k, g_k in zip(names, logits, grad, strict=True):
-            step = self.steps[name] + 1
-            m = b1 * self.exp_avg[name] + (1.0 - b1) * g_k
-            v = b2 * self.exp_avg_sq[name] + (1.0 - b2) * g_k * g_k
+        first_lam = softmax(logits)
+        objectives: list[float] = []
+        lam = first_lam
+        for _ in range(self.server_iters):
+            lam = softmax(logits)
+            objective, grad = fedawa_objective_and_grad(logits, gram)
+            objectives.append(objective)
+            step = step + 1.0
+            m = b1 * m + (1.0 - b1) * grad
+            v = b2 * v + (1.0 - b2) * grad * grad
             m_hat = m / (1.0 - b1**step)
             v_hat = v / (1.0 - b2**step)
-            self.logits[name] = float(t_k - self.lr * m_hat / (math.sqrt(v_hat) + self.adam_eps))
-            self.exp_avg[name] = float(m)
-            self.exp_avg_sq[name] = float(v)
-            self.steps[name] = step
-        self.last_details = {"objective": objective, "gradient": grad.tolist(), "lambda": lam.tolist()}
+            logits = logits - self.lr * m_hat / (np.sqrt(v_hat) + self.adam_eps)
+        for k, name in enumerate(names):
+            self.logits[name] = float(logits[k])
+            self.exp_avg[name] = float(m[k])
+            self.exp_avg_sq[name] = float(v[k])
+            self.steps[name] = int(step[k])
+        self.last_details = {
+            "objective_first": objectives[0],
+            "objective_last": objectives[-1],
+            "lambda_first": first_lam.tolist(),
+            "lambda": lam.tolist(),
+        }
         return lam
 
     def state_dict(self) -> dict:

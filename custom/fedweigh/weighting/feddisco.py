@@ -2,9 +2,14 @@
 
 Ye et al., ICML 2023, "FedDisco: Federated Learning with Discrepancy-Aware Collaboration".
 
-Client (from its histogram n_k and the securely aggregated global histogram H; the client sends
-only the scalar "discrepancy"):
-    D_k = n_k / sum(n_k),  D_glob = H / sum(H),  d_k = KL(D_k || D_glob) = sum_j D_kj log(D_kj / D_glob,j)
+Client (from its histogram n_k; the client sends only the scalar "discrepancy"):
+    D_k = n_k / sum(n_k),  d_k = KL(D_k || T) = sum_j D_kj log(D_kj / T_j)
+with the target distribution T (``target=``):
+- "uniform" (default): T_j = 1/C, the authors' code (MediaBrain-SJTU/FedDisco ``main.py``:
+  ``global_dist = np.ones(C) / C`` unless a known imbalanced test distribution is given), the
+  paper's assumption of a balanced global (test) distribution. Needs no global histogram.
+- "global": T = H / sum(H), the securely aggregated training histogram (our earlier reading; it
+  asks for the statistics phase).
 
 Server:
     d~_k = d_k / sum_j d_j                      (all zero -> d~ = 0)
@@ -21,13 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, scalar_vector
 
 _FLOOR = 1e-12
+TARGETS: tuple[str, ...] = ("uniform", "global")
 
 
 def class_distribution(class_counts: np.ndarray) -> np.ndarray:
@@ -44,9 +50,11 @@ def class_distribution(class_counts: np.ndarray) -> np.ndarray:
     return counts / total
 
 
-def kl_discrepancy(class_counts: np.ndarray, global_class_counts: np.ndarray) -> float:
-    """KL(D_k || D_glob) of the normalised class distributions (natural log)."""
+def kl_discrepancy(class_counts: np.ndarray, global_class_counts: np.ndarray | None) -> float:
+    """KL(D_k || T) of the normalised class distributions (natural log); T uniform when ``global_class_counts`` is None."""
     local = class_distribution(class_counts)
+    if global_class_counts is None:
+        return float(np.sum(local[local > 0] * np.log(local[local > 0] * local.size)))
     glob = class_distribution(global_class_counts)
     if local.shape != glob.shape:
         raise ValueError(f"local histogram has {local.size} classes, global has {glob.size}")
@@ -56,19 +64,23 @@ def kl_discrepancy(class_counts: np.ndarray, global_class_counts: np.ndarray) ->
 
 @dataclass(kw_only=True)
 class FedDiscoWeights(WeightingScheme):
-    """ReLU(N_k/N - a d~_k + b), renormalised."""
+    """ReLU(N_k/N - a d~_k + b), renormalised; d_k against a uniform (default) or the global distribution."""
 
     name: ClassVar[str] = "feddisco"
-    needs_global_histogram: ClassVar[bool] = True
+    needs_global_histogram: ClassVar[bool] = False
     required_scalars: ClassVar[tuple[str, ...]] = ("discrepancy",)
 
     a: float = 0.5
     b: float = 0.1
+    target: Literal["uniform", "global"] = "uniform"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not (math.isfinite(self.a) and math.isfinite(self.b)):
             raise ValueError(f"feddisco: a and b must be finite, got a={self.a!r}, b={self.b!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"feddisco: target must be one of {TARGETS}, got {self.target!r}")
+        self.needs_global_histogram = self.target == "global"  # type: ignore[misc]
 
     def client_scalars(
         self,
@@ -80,10 +92,13 @@ class FedDiscoWeights(WeightingScheme):
         params: dict[str, np.ndarray] | None = None,
         global_params: dict[str, np.ndarray] | None = None,
     ) -> dict[str, float]:
-        """{"discrepancy": KL(D_k || D_glob)}; needs the global histogram."""
+        """{"discrepancy": KL(D_k || T)}; ``target="global"`` needs the global histogram."""
+        if self.target == "uniform":
+            return {"discrepancy": kl_discrepancy(class_counts, None)}
         if global_class_counts is None:
             raise ValueError(
-                "feddisco: the client needs the global class histogram to compute its discrepancy"
+                "feddisco: with target='global' the client needs the global class histogram to compute "
+                "its discrepancy (run the statistics phase, or use target='uniform')"
             )
         return {"discrepancy": kl_discrepancy(class_counts, global_class_counts)}
 
