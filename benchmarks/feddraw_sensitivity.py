@@ -48,6 +48,12 @@ VARIANTS: tuple[str, ...] = (
     "fedavg",
 )
 SCENARIOS: tuple[str, ...] = ("quantity-shift", "label-a0.5")
+#: ``off``: the schemes exactly as defined (no weight cap, norm bound or direction check), so that the
+#: study measures the weighting alone; ``deploy``: the NVFlare controller's defaults.
+SAFEGUARDS: dict[str, dict] = {
+    "off": {"max_share": None, "update_norm_bound": None, "min_update_cosine": None},
+    "deploy": {},
+}
 SEEDS: tuple[int, ...] = (0, 1, 2)
 
 
@@ -109,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output folder (cells are reused by a rerun)")
     p.add_argument("--dataset", default="synthcxr")
+    p.add_argument(
+        "--safeguards",
+        choices=tuple(SAFEGUARDS),
+        default="off",
+        help="the server's safeguards: off (default; the weighting alone) or deploy (the controller's defaults)",
+    )
     p.add_argument("--profile", default="standard")
     p.add_argument(
         "--variants", nargs="+", default=list(VARIANTS), help="method labels (default: the grid above)"
@@ -135,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.max_steps,
         num_images=args.num_images,
         threads=args.threads,
+        **SAFEGUARDS[args.safeguards],
     )
     out = Path(args.out)
     jobs, _ = engine_layout(len(config.cells()))
@@ -148,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": list(config.seeds),
         "max_steps": config.client.max_steps,
         "num_images": config.client.num_images,
+        "safeguards": args.safeguards,
         "trained_cells": result.trained,
         "reused_cells": result.skipped,
         "variants": variants,
