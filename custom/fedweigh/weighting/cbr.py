@@ -78,8 +78,8 @@ def _vector(class_counts: np.ndarray) -> np.ndarray:
 
 
 def empty_histogram_score(num_classes: int, mode: str = "cv") -> float:
-    """The score of an all-zero histogram: that of a site with all its labels in one category,
-    e.g. sqrt(C - 1) for ``cv`` (std / mean of (n, 0, ..., 0) with population std)."""
+    """The score of an all-zero histogram: that of (1, 0, ..., 0), a site with all its labels in one
+    category, e.g. sqrt(C - 1) for ``cv`` (std / mean of (n, 0, ..., 0), population std, any n)."""
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
     one_category = np.zeros(num_classes)
