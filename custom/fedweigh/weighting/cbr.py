@@ -168,7 +168,7 @@ class CBRWeights(WeightingScheme):
         counts = _vector(class_counts)
         score = skew_score(counts, self.skew)
         if counts.sum() <= 0:
-            logger.warning(
+            logger.info(  # the site itself warns once, naming itself (fedweigh.site)
                 "cbr: the site's label histogram is all zero (no positive for any finding); its skew is "
                 "%.6g, the score of a maximally imbalanced site (all labels in one category)",
                 score,
