@@ -1,12 +1,13 @@
 """FedBB Client Balanced Reweighting: skew scores, weights, and reproduction of the authors' code."""
 
+import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from fedweigh.weighting import CBRWeights, ClientReport, imbalance_cv
-from fedweigh.weighting.cbr import skew_code, skew_sqdev
+from fedweigh.weighting.cbr import SKEW_MODES, empty_histogram_score, skew_code, skew_score, skew_sqdev
 
 
 def authors_client_imbalances(client_pos_freq):
@@ -81,11 +82,61 @@ def test_missing_class_and_balanced_histograms_give_finite_scores(mode):
     assert np.argmax(w) == 1  # the balanced site takes (nearly) all of omega_a
 
 
-def test_empty_histogram_rejected():
+def test_empty_histogram_rejected_by_the_raw_scores():
     with pytest.raises(ValueError, match="all zero"):
         imbalance_cv(np.zeros(4))
     with pytest.raises(ValueError, match="non-negative"):
         imbalance_cv(np.array([1, -1]))
+
+
+@pytest.mark.parametrize("mode", SKEW_MODES)
+def test_all_negative_site_gets_the_score_of_a_maximally_imbalanced_site(mode, caplog):
+    """A site with no positive for any finding scores as one with all its labels in one finding."""
+    one_finding = np.zeros(14)
+    one_finding[0] = 1.0  # ("code" depends on the scale; cv and sqdev do not)
+    expected = skew_score(one_finding, mode)
+    assert empty_histogram_score(14, mode) == pytest.approx(expected, abs=1e-15)
+    scheme = CBRWeights(skew=mode)
+    with caplog.at_level("INFO", logger="fedweigh.weighting.cbr"):
+        scalars = scheme.client_scalars(class_counts=np.zeros(14), num_samples=20)
+    assert scalars == {"skew": pytest.approx(expected, abs=1e-15)}
+    assert "all zero" in caplog.text and "maximally imbalanced" in caplog.text
+    if mode == "cv":  # sqrt(C - 1): the largest cv of C counts, so the least imbalance weight
+        assert scalars["skew"] == pytest.approx(math.sqrt(13), rel=1e-14)
+        reps = reports_from_counts(scheme, [np.zeros(14), np.arange(1, 15), one_finding], [20, 30, 40])
+        w = scheme.weights(reps, None, 1, 2)
+        assert np.all(np.isfinite(w)) and w.sum() == pytest.approx(1.0)
+        assert w[0] == pytest.approx(w[2], rel=1e-12) and w[0] < w[1]
+
+
+def test_site_with_an_empty_histogram_is_named_in_the_log(caplog):
+    import torch
+
+    from fedweigh.data.base import LabeledImages, SiteData
+    from fedweigh.site import ClientArgs, SiteTrainer
+
+    torch.set_num_threads(1)
+    names = ("a", "b", "c")
+    x = np.zeros((4, 1, 16, 16), dtype=np.float32)
+    empty = LabeledImages(x, np.zeros((4, 3), dtype=np.float32), names, "multilabel")
+    trainer = SiteTrainer(SiteData("site-7", empty, empty), empty, ClientArgs(size=16, eval_test=False))
+    plan = {"scheme": "cbr", "scalars": ["skew"]}
+    with caplog.at_level("WARNING"):
+        scalars = trainer.scheme_scalars(plan, {}, {})
+        trainer.scheme_scalars(plan, {}, {})
+    assert scalars == {"skew": pytest.approx(math.sqrt(2), rel=1e-14)}
+    site_lines = [r.getMessage() for r in caplog.records if r.name == "fedweigh.site"]
+    assert len(site_lines) == 1 and site_lines[0].startswith("site-7: ") and "'cbr'" in site_lines[0]
+
+
+def test_gamma_defaults_to_the_papers_chest_xray_value():
+    """Chung & Lee, Sec. 4: "gamma was set to 1" for NIH CXR14 / CheXpert: the imbalance weights alone."""
+    scheme = CBRWeights()
+    assert scheme.gamma == 1.0
+    reps = reports_from_counts(scheme, [[10, 0, 5], [4, 4, 4]], [10, 90])
+    np.testing.assert_allclose(
+        scheme.weights(reps, None, 1, 2), scheme.balance_weights(np.array([r.scalars["skew"] for r in reps]))
+    )
 
 
 # ----------------------------------------------------------------------------- weights

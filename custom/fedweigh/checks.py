@@ -148,6 +148,13 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.integer("batch_size", 1)
     c.number("lr")
     c.choice("optimizer", OPTIMIZERS)
+    for name, allowed in (
+        ("momentum", "must be a number in [0, 1)"),
+        ("weight_decay", "must be a number >= 0"),
+    ):
+        value = values.get(name)
+        if not _is_number(value) or value < 0 or (name == "momentum" and value >= 1):
+            c.fail(name, allowed)
     c.integer("max_steps", 1, optional=True)
     c.integer("threads", 0)
     for flag in ("eval_test", "channels_last", "keep_optimizer", "amp", "compile", "augment"):

@@ -62,6 +62,10 @@ class ClientArgs:
     batch_size: int = 32
     lr: float = 1e-3
     optimizer: str = "adam"
+    #: SGD's momentum (unused by Adam).
+    momentum: float = 0.9
+    #: L2 weight decay of the local optimizer.
+    weight_decay: float = 0.0
     max_steps: int | None = None
     threads: int = 0
     eval_test: bool = True
@@ -146,6 +150,8 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)
     p.add_argument("--lr", type=float, default=defaults.lr)
     p.add_argument("--optimizer", default=defaults.optimizer)
+    p.add_argument("--momentum", type=float, default=defaults.momentum, help="SGD's momentum")
+    p.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--threads", type=int, default=defaults.threads, help="torch threads; 0 = automatic")
     p.add_argument("--eval-test", action=argparse.BooleanOptionalAction, default=defaults.eval_test)
@@ -237,6 +243,7 @@ class SiteTrainer:
         #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
         self.global_stats: dict | None = None
         self.privacy_guard = privacy_guard
+        self._warned_empty_histogram = False
         #: The once-per-job release of this site's label histogram (noised when statistics DP is on).
         self.releaser = HistogramReleaser(
             StatsDPConfig.from_args(args), self.site_name, job_id, guard=privacy_guard
@@ -329,6 +336,8 @@ class SiteTrainer:
             batch_size=self.args.batch_size,
             lr=self.args.lr,
             optimizer=self.args.optimizer,
+            momentum=self.args.momentum,
+            weight_decay=self.args.weight_decay,
             max_steps=self.args.max_steps,
             fedprox_mu=fedprox_mu,
             seed=round_seed,
@@ -368,6 +377,14 @@ class SiteTrainer:
             scheme.previous_global = self.previous_global  # type: ignore[attr-defined]
         gs = self.global_stats or {}
         release = self.released_statistics()  # the noised release when statistics DP is on
+        if not np.any(np.asarray(release.class_counts) > 0) and not self._warned_empty_histogram:
+            self._warned_empty_histogram = True  # once per job: the histogram does not change
+            logger.warning(
+                "%s: its training labels have no positive for any class (empty label histogram); "
+                "scheme %r gives it its empty-histogram score",
+                self.site_name,
+                plan["scheme"],
+            )
         scalars = scheme.client_scalars(
             class_counts=np.asarray(release.class_counts),
             num_samples=release.num_samples,

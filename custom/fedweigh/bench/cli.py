@@ -10,7 +10,7 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     """Add the ``bench`` sub-command to ``subparsers`` (``set_defaults(func=main_bench)``)."""
     from fedweigh.bench.profiles import PROFILES
     from fedweigh.data import DATASETS
-    from fedweigh.methods import ALL_METHODS
+    from fedweigh.methods import ALL_METHODS, VARIANTS
     from fedweigh.models import ARCHITECTURES
 
     p = subparsers.add_parser(
@@ -19,8 +19,9 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         description=(
             "Run scenario x method x seed cells in one process on the NVFlare jobs' training and "
             "weighting code, then write results.csv, summary.json, report.md and plots/ into --out. "
-            "A rerun skips the cells already stored in OUT/cells/. Methods may carry scheme options, "
-            "e.g. feddraw:beta_max=2.0,rho=0.5."
+            "A rerun skips the cells already stored in OUT/cells/. Methods may carry scheme, loss and "
+            "client options, e.g. feddraw:beta_max=2.0,rho=0.5, fedbb:loss.mu=4, "
+            "fedbb:optim=sgd,lr=0.01,momentum=0.9 (docs/bench.md)."
         ),
     )
     p.add_argument("--profile", default="smoke", choices=tuple(PROFILES), help="run size (default: smoke)")
@@ -35,12 +36,29 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         help='JSON for the loader, e.g. {"uncertainty": "zeros"}',
     )
     p.add_argument(
-        "--methods", nargs="+", default=None, help=f"default: the profile's (known: {', '.join(ALL_METHODS)})"
+        "--methods",
+        nargs="+",
+        default=None,
+        help=f"default: the profile's (known: {', '.join(ALL_METHODS)}; variants: {', '.join(VARIANTS)})",
     )
     p.add_argument(
         "--scenarios", nargs="+", default=None, help="default: the profile's (see `fedweigh scenarios`)"
     )
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the profile's")
+    p.add_argument(
+        "--tune",
+        nargs="+",
+        default=(),
+        metavar="[METHOD:]KEY=V1,V2",
+        help="tune an option per method on validation AUC before the reported cells, e.g. lr=3e-4,1e-3,3e-3 "
+        "(every method's client lr) or fedprox:client_mu=0.001,0.01,0.1",
+    )
+    p.add_argument(
+        "--tune-scenario", default=None, help="scenario the tuning cells run (default: the first scenario)"
+    )
+    p.add_argument(
+        "--tune-seed", type=int, default=None, help="seed of the tuning cells (default: largest seed + 1)"
+    )
     p.add_argument("--rounds", type=int, default=None, help="override the profile's number of rounds")
     p.add_argument("--num-images", type=int, default=None, help="override the profile's pool size")
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's local step cap")
@@ -191,11 +209,15 @@ def main_bench(args: argparse.Namespace) -> int:
             channels_last=args.channels_last,
             amp=args.amp,
             compile=args.compile,
+            tune=args.tune,
+            tune_scenario=args.tune_scenario,
+            tune_seed=args.tune_seed,
         )
     except (ValueError, KeyError) as e:
         print(f"error: {e}")
         return 2
     cells = len(config.cells())
+    tuning = sum(len(config.tune_grid(m)) for m in config.methods)
     jobs, site_workers = engine_layout(cells)
     jobs = args.jobs or jobs
     # a cluster's workers run one cell each, sites in-process, unless asked otherwise
@@ -203,7 +225,13 @@ def main_bench(args: argparse.Namespace) -> int:
     config = replace(config, site_workers=site_workers)
     print(
         f"fedweigh bench: {config.dataset}, profile {config.profile}: {len(config.scenarios)} scenario(s) x "
-        f"{len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {cells} cell(s), {config.rounds} rounds; "
+        f"{len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {cells} cell(s), {config.rounds} rounds"
+        + (
+            f" (+ {tuning} tuning cell(s) on {config.tune_scenario}, seed {config.tune_seed})"
+            if tuning
+            else ""
+        )
+        + "; "
         + (
             f"cluster {args.cluster}"
             if args.cluster

@@ -16,7 +16,8 @@ paper    the papers' scale for a GPU machine: all scenarios and methods, 3 seeds
 
 Every federated method and reference in a profile trains with the same :class:`ClientArgs`
 (model, optimiser, epochs, batch, learning rate, step cap, seed); only the loss differs, and only
-where a method prescribes one.
+where a method prescribes one, unless a method's label or catalogue entry sets client options
+(:data:`fedweigh.methods.CLIENT_OPTIONS`, e.g. ``fedbb-paper``'s SGD).
 """
 
 from __future__ import annotations

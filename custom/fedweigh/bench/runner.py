@@ -14,6 +14,13 @@ One difference that changes no number: the global test set is scored once per ro
 instead of once by every sampled site (each site would score the same model on the same images).
 
 Cells are stored by :mod:`fedweigh.bench.cells`, so a rerun skips finished cells.
+
+Tuning (``tune``, :class:`TuneSpec`): before the reported cells, every method with a grid runs each
+grid point on a tuning cell (``tune_scenario``, ``tune_seed``: a seed no reported cell uses), with
+the test set removed from its federation, and keeps the point with the best validation AUC (the
+mean over the sites' validation splits of the final global model; centralized: the pooled
+validation split). The reported cells then run with the chosen options; ``summary.json`` records
+the grid, the validation AUCs and the choice under ``tuning``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,15 +44,16 @@ from tqdm.auto import tqdm
 
 from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell, store_cell
 from fedweigh.bench.profiles import THRESHOLDS, get_profile
-from fedweigh.bench.report import write_outputs
+from fedweigh.bench.report import SUMMARY_JSON, write_outputs
 from fedweigh.bench.sites import make_sites
 from fedweigh.checks import ConfigError, check_client_args, check_dataset_path
 from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
 from fedweigh.data.scenarios import get_scenario
 from fedweigh.data.site_config import expand_data_path
+from fedweigh.io import atomic_write_text
 from fedweigh.label_stats import global_stats_of
-from fedweigh.methods import MethodSpec, parse_method
+from fedweigh.methods import CLIENT_OPTION_ALIASES, CLIENT_OPTIONS, MethodSpec, parse_method
 from fedweigh.metrics import youden_thresholds
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
 from fedweigh.records import RoundRecorder
@@ -68,11 +76,58 @@ from fedweigh.weighting.geometry import use_model_buffers
 logger = logging.getLogger("fedweigh.bench")
 
 CONFIG_JSON = "config.json"
+#: Where the tuning cells' records are kept (no test predictions: they never score the test set).
+TUNING_DIR = "tuning"
 
 #: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
 _NOT_HASHED = ("threads", "eval_test", "compile")
-#: Settings added after cells were stored: in the digest only when on, so stored cells stay valid.
-_HASHED_WHEN_ON = ("augment", "pretrained")
+#: Settings added after cells were stored: in the digest only when not at this default, so stored
+#: cells stay valid.
+_HASHED_WHEN_CHANGED: dict[str, object] = {
+    "augment": False,
+    "pretrained": None,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+}
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """One tuned option: ``key`` (as in a method label: ``lr``, ``loss.mu``, ``client_mu``, ...) over
+    ``values``, for the methods whose name or label is ``method`` (None: every method)."""
+
+    key: str
+    values: tuple
+    method: str | None = None
+
+    def applies_to(self, label: str) -> bool:
+        return self.method is None or self.method in (label, label.split(":", 1)[0])
+
+
+def parse_tune(text: str) -> TuneSpec:
+    """A :class:`TuneSpec` from ``[METHOD:]KEY=V1,V2,...`` (``lr=3e-4,1e-3``, ``fedprox:client_mu=0.01,0.1``).
+
+    Without a method, a client option's key (``lr``, ``optim``, ...) means the client option for
+    every method (``client.lr``), so that FedAWA's server ``lr`` is never tuned by accident.
+    """
+    head, sep, raw = text.partition("=")
+    method, colon, key = head.rpartition(":")
+    key = key.strip()
+    if not sep or not key or not raw.strip():
+        raise ValueError(f"--tune {text!r}: expected [METHOD:]KEY=V1,V2,... (e.g. lr=3e-4,1e-3,3e-3)")
+    values = []
+    for item in (v.strip() for v in raw.split(",")):
+        if not item:
+            raise ValueError(f"--tune {text!r}: an empty value in the grid")
+        try:
+            values.append(json.loads(item))
+        except json.JSONDecodeError:
+            values.append(item)
+    if len(set(map(str, values))) != len(values):
+        raise ValueError(f"--tune {text!r}: a value is listed twice")
+    if not colon and "." not in key and key in (*CLIENT_OPTIONS, *CLIENT_OPTION_ALIASES):
+        key = f"client.{key}"
+    return TuneSpec(key=key, values=tuple(values), method=method.strip() or None)
 
 
 @dataclass(frozen=True)
@@ -107,6 +162,25 @@ class BenchConfig:
     max_share: float | str | None = "auto"
     update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND
     min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE
+    #: options to tune per method before the reported cells, and where (scenario, seed)
+    tune: tuple[TuneSpec, ...] = ()
+    tune_scenario: str | None = None
+    tune_seed: int | None = None
+    #: label -> options the cells of that method run with (set by the tuning; keys as in labels)
+    tuned: dict = field(default_factory=dict)
+
+    def spec(self, method: str) -> MethodSpec:
+        """The :class:`MethodSpec` a cell of ``method`` runs: its label's, with the tuned options."""
+        spec = parse_method(method)
+        return spec.with_options(self.tuned[method]) if self.tuned.get(method) else spec
+
+    def tune_grid(self, method: str) -> list[dict]:
+        """The grid points (options dicts) tuned for ``method``: the product of its tuned options."""
+        grid: list[dict] = [{}]
+        for t in self.tune:
+            if t.applies_to(method):
+                grid = [{**point, t.key: v} for point in grid for v in t.values]
+        return grid if len(grid) > 1 or grid[0] else []
 
     def cells(self) -> list[tuple[str, str, int]]:
         """(scenario, method, seed) of every cell, grouped so that each federation is built once."""
@@ -135,12 +209,18 @@ def make_config(
     max_share: float | str | None = "auto",
     update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
     min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
+    tune: Sequence[str | TuneSpec] = (),
+    tune_scenario: str | None = None,
+    tune_seed: int | None = None,
     **client_overrides: object,
 ) -> BenchConfig:
     """A :class:`BenchConfig` from a profile; every argument left None keeps the profile's value.
 
     ``client_overrides`` are :class:`ClientArgs` fields (``num_images``, ``max_steps``, ``size``, ...).
-    Raises ValueError naming the bad dataset, scenario, method, seed or round count.
+    ``tune``: options to tune per method (``[METHOD:]KEY=V1,V2``, :func:`parse_tune`) on
+    ``tune_scenario`` (default: the first scenario) with ``tune_seed`` (default: one above the
+    largest seed; never a reported seed).
+    Raises ValueError naming the bad dataset, scenario, method, seed, round count or tuned option.
     """
     prof = get_profile(profile)
     threshold = prof.threshold if threshold is None else str(threshold)
@@ -178,7 +258,21 @@ def make_config(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if min_clients < 1:
         raise ValueError(f"min_clients must be >= 1, got {min_clients}")
-    return BenchConfig(
+    tunes = tuple(t if isinstance(t, TuneSpec) else parse_tune(t) for t in tune)
+    if tunes:
+        tune_scenario = tune_scenario or scenarios[0]
+        get_scenario(tune_scenario)
+        tune_seed = max(seeds) + 1 if tune_seed is None else int(tune_seed)
+        if tune_seed in seeds or tune_seed < 0:
+            raise ValueError(
+                f"--tune-seed {tune_seed} must be a non-negative seed no reported cell uses (seeds: {list(seeds)})"
+            )
+        for t in tunes:
+            if t.method is not None and not any(t.applies_to(m) for m in methods):
+                raise ValueError(f"--tune {t.method}:{t.key}: no method {t.method!r} among {list(methods)}")
+    elif tune_scenario is not None or tune_seed is not None:
+        raise ValueError("--tune-scenario and --tune-seed need --tune")
+    config = BenchConfig(
         dataset=dataset,
         profile=profile,
         client=client,
@@ -194,25 +288,37 @@ def make_config(
         max_share=check_max_share(max_share),
         update_norm_bound=check_update_norm_bound(update_norm_bound),
         min_update_cosine=check_min_update_cosine(min_update_cosine),
+        tune=tunes,
+        tune_scenario=tune_scenario if tunes else None,
+        tune_seed=tune_seed if tunes else None,
     )
+    for label in methods:  # every grid point is a valid method configuration (one-line errors)
+        for point in config.tune_grid(label):
+            cell_args(
+                config, config.tune_scenario or scenarios[0], 0, parse_method(label).with_options(point)
+            )
+    return config
 
 
 # ------------------------------------------------------------------------------------------- cells
 def cell_args(config: BenchConfig, scenario: str, seed: int, spec: MethodSpec) -> ClientArgs:
-    """The ClientArgs of one cell: the shared settings plus scenario, seed and the method's loss."""
+    """The ClientArgs of one cell: the shared settings plus scenario, seed, the method's loss and the
+    client options the method prescribes (they win over the shared settings)."""
     args = replace(config.client, dataset=config.dataset, scenario=scenario, seed=seed, eval_test=False)
     if spec.loss != "default" and args.loss == "default":  # the recipes' _client_with_loss rule
         args = replace(args, loss=spec.loss, loss_options=dict(spec.loss_options or args.loss_options))
+    if spec.client_options:
+        args = check_client_args(replace(args, **spec.client_options), f"method {spec.label!r}")
     return args
 
 
 def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) -> str:
     """A digest of everything that determines a cell's numbers (a stored cell is reused only if equal)."""
-    spec = parse_method(method)
+    spec = config.spec(method)
     args = {
         k: v
         for k, v in asdict(cell_args(config, scenario, seed, spec)).items()
-        if k not in _NOT_HASHED and not (k in _HASHED_WHEN_ON and not v)
+        if k not in _NOT_HASHED and not (k in _HASHED_WHEN_CHANGED and v == _HASHED_WHEN_CHANGED[k])
     }
     payload = {
         "client": args,
@@ -305,13 +411,22 @@ class _TestScorer:
 
     threshold "youden": multi-label predictions use per-finding thresholds maximising Youden's J on
     ``val`` (the union of the sites' validation splits) for the model being scored.
+    ``score_test=False`` (tuning cells): :meth:`metrics` returns nothing and the test set is never read.
     """
 
-    def __init__(self, args: ClientArgs, test: LabeledImages, val: LabeledImages, threshold: str):
+    def __init__(
+        self,
+        args: ClientArgs,
+        test: LabeledImages,
+        val: LabeledImages,
+        threshold: str,
+        score_test: bool = True,
+    ):
         self.test = test
         self.val = val
         self.threshold = threshold
-        self.model = build_site_model(args, test)
+        self.score_test = score_test
+        self.model = build_site_model(args, val)  # the shapes only: val and test have the same
 
     def initial_params(self) -> dict[str, np.ndarray]:
         """theta_g^0: the model built from the seed, as the NVFlare persistor builds FedweighNet(seed=...)."""
@@ -323,13 +438,17 @@ class _TestScorer:
         return youden_thresholds(self.val.labels, predict(self.model, self.val))
 
     def metrics(self, params: dict[str, np.ndarray]) -> dict[str, float]:
-        """``test_*`` metrics of ``params`` (the keys a site's evaluate() reports)."""
+        """``test_*`` metrics of ``params`` (the keys a site's evaluate() reports); {} without test scoring."""
+        if not self.score_test:
+            return {}
         set_params(self.model, params)
         return {
             f"test_{k}": v for k, v in evaluate(self.model, self.test, threshold=self._thresholds()).items()
         }
 
     def scores(self, params: dict[str, np.ndarray]) -> np.ndarray:
+        if not self.score_test:
+            return np.zeros((0, self.test.num_classes), dtype=np.float32)
         set_params(self.model, params)
         return predict(self.model, self.test)
 
@@ -347,12 +466,12 @@ def _scored(t: int, every: int) -> bool:
 
 
 def _run_federated(
-    spec: MethodSpec, fed: Federation, args: ClientArgs, config: BenchConfig
+    spec: MethodSpec, fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
 ) -> tuple[list[dict], np.ndarray]:
     """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C))."""
     rounds = config.rounds
     scheme = spec.make_scheme()
-    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
+    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
     use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
     backend = PlaintextBackend(scorer.initial_params())
     step = RoundStep(
@@ -400,12 +519,14 @@ def _plain_rows(rows: list[dict]) -> list[dict]:
     ]
 
 
-def _run_centralized(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[list[dict], np.ndarray]:
+def _run_centralized(
+    fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
+) -> tuple[list[dict], np.ndarray]:
     """One trainer on all sites' data pooled, T rounds of the same local training as a site."""
     rounds = config.rounds
     pooled = pool_sites(fed.sites)
     trainer = SiteTrainer(pooled, fed.test, args, threads=args.threads or None)
-    scorer = _TestScorer(args, fed.test, pooled.val, config.threshold)
+    scorer = _TestScorer(args, fed.test, pooled.val, config.threshold, score_test)
     params = scorer.initial_params()
     rows = RoundRecorder(None, "centralized")
     for t in range(1, rounds + 1):
@@ -420,13 +541,15 @@ def _run_centralized(fed: Federation, args: ClientArgs, config: BenchConfig) -> 
     return rows.rows, scorer.scores(params)[None]
 
 
-def _run_local(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[list[dict], np.ndarray]:
+def _run_local(
+    fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
+) -> tuple[list[dict], np.ndarray]:
     """Each site trains alone for T rounds. Rows hold the mean over sites of each site's own model:
     validation metrics every round, test metrics at round 0 (the shared theta^0) and round T only
     (scoring K models on the test set every round would cost more than the training)."""
     rounds = config.rounds
     trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
-    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
+    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
     initial = scorer.initial_params()
     params = {name: initial for name in trainers}
     rows = RoundRecorder(None, "local")
@@ -450,28 +573,38 @@ def _run_local(fed: Federation, args: ClientArgs, config: BenchConfig) -> tuple[
     return rows.rows, np.stack([scorer.scores(params[name]) for name in trainers])
 
 
+def without_test(fed: Federation) -> Federation:
+    """``fed`` with an empty test set (same classes and image shape): what a tuning cell trains on,
+    so that nothing in it can read a test image or label."""
+    return replace(fed, test=fed.test.subset(np.arange(0)))
+
+
 def run_cell(
-    config: BenchConfig, scenario: str, method: str, seed: int
+    config: BenchConfig, scenario: str, method: str, seed: int, validation_only: bool = False
 ) -> tuple[dict, np.ndarray, np.ndarray]:
     """Run one cell; returns (record, scores (S, N, C) of the final model(s) on the test set, test labels).
 
     The record holds ``rows`` in the controller's format: ``round`` (0 = initial model), the mean
     site metrics (``val_*``, ``train_loss``), the test metrics (``test_*``), and for training rounds
-    ``weights`` and the scheme's schedule values.
+    ``weights`` and the scheme's schedule values. ``validation_only`` (tuning cells): the cell runs
+    on the federation :func:`without_test`, its rows hold no test metrics and the scores are empty.
     """
-    spec = parse_method(method)
+    spec = config.spec(method)
     args = cell_args(config, scenario, seed, spec)
     fed = federation_for(config, scenario, seed)
+    if validation_only:
+        fed = without_test(fed)
+    score_test = not validation_only
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         # a small site's validation split under label skew lacks classes: scikit-learn says so per call
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
         if spec.kind == "federated":
-            rows, scores = _run_federated(spec, fed, args, config)
+            rows, scores = _run_federated(spec, fed, args, config, score_test)
         elif spec.kind == "centralized":
-            rows, scores = _run_centralized(fed, args, config)
+            rows, scores = _run_centralized(fed, args, config, score_test)
         else:
-            rows, scores = _run_local(fed, args, config)
+            rows, scores = _run_local(fed, args, config, score_test)
     record = {
         "key": cell_key(scenario, method, seed),
         "dataset": config.dataset,
@@ -479,6 +612,7 @@ def run_cell(
         "method": method,
         "seed": seed,
         "settings_hash": settings_hash(config, scenario, method, seed),
+        **({"options": dict(config.tuned[method])} if config.tuned.get(method) else {}),
         "task": fed.test.task,
         "class_names": list(fed.test.class_names),
         "sites": [s.name for s in fed.sites],
@@ -498,6 +632,65 @@ def run_and_store_cell(config: BenchConfig, scenario: str, method: str, seed: in
 def _worker_init() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
+
+
+# --------------------------------------------------------------------------------------- tuning
+def _tuning_label(method: str, point: dict) -> str:
+    """The label of a tuning cell: the method's label with the grid point's options appended."""
+    opts = ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in point.items())
+    return f"{method}{',' if ':' in method else ':'}{opts}"
+
+
+def tune_methods(config: BenchConfig, out_dir: Path, progress: bool = False) -> tuple[dict, dict]:
+    """Run the tuning cells of ``config.tune``; returns (label -> chosen options, tuning record).
+
+    Each grid point of a method runs once on ``config.tune_scenario`` with ``config.tune_seed``, the
+    test set removed (:func:`without_test`); the point with the largest final validation AUC wins
+    (the first listed on a tie; a NaN AUC never wins). Finished tuning cells are kept in
+    ``out_dir/tuning/`` and reused when their settings are unchanged.
+    """
+    scenario, seed = str(config.tune_scenario), int(config.tune_seed or 0)
+    tuning_dir = out_dir / TUNING_DIR
+    tuning_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(m, point) for m in config.methods for point in config.tune_grid(m)]
+    chosen: dict[str, dict] = {}
+    record: dict[str, dict] = {}
+    bar = tqdm(total=len(jobs), desc="bench tuning", unit="cell", disable=not progress or not jobs)
+    try:
+        for method in config.methods:
+            grid = config.tune_grid(method)
+            if not grid:
+                continue
+            points = []
+            for point in grid:
+                probe = replace(config, tuned={method: point})
+                key = cell_key(scenario, _tuning_label(method, point), seed)
+                digest = settings_hash(probe, scenario, method, seed)
+                stored = load_cell(tuning_dir, key)
+                if stored is None or stored.get("settings_hash") != digest:
+                    try:
+                        stored, _, _ = run_cell(probe, scenario, method, seed, validation_only=True)
+                    except Exception as e:
+                        raise BenchError(f"tuning cell {key} failed: {type(e).__name__}: {e}") from e
+                    stored["key"] = key
+                    atomic_write_text(tuning_dir / f"{key}.json", json.dumps(stored, indent=1, default=float))
+                val_auc = float(stored["rows"][-1].get("val_auc", float("nan")))
+                points.append({"options": point, "val_auc": val_auc, "key": key})
+                bar.update(1)
+            finite = [p for p in points if np.isfinite(p["val_auc"])]
+            best = max(finite, key=lambda p: p["val_auc"]) if finite else points[0]
+            chosen[method] = dict(best["options"])
+            record[method] = {
+                "scenario": scenario,
+                "seed": seed,
+                "selected_by": "val_auc",
+                "grid": points,
+                "chosen": chosen[method],
+            }
+            logger.warning("tuning %s on %s, seed %d: chose %s", method, scenario, seed, chosen[method])
+    finally:
+        bar.close()
+    return chosen, record
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -575,6 +768,10 @@ def run_bench(
     out = Path(out_dir)
     cells_dir = out / CELLS_DIR
     cells_dir.mkdir(parents=True, exist_ok=True)
+    tuning: dict = {}
+    if config.tune:
+        chosen, tuning = tune_methods(config, out, progress)
+        config = replace(config, tuned=chosen)
     (out / CONFIG_JSON).write_text(json.dumps(config.as_dict(), indent=1, default=str))
     cells = config.cells()
     todo = [c for c in cells if not is_done(cells_dir, config, *c)]
@@ -624,4 +821,7 @@ def run_bench(
             raise BenchError(f"cell {cell_key(scenario, method, seed)} is missing from {cells_dir}")
         records.append(record)
     summary = write_outputs(config, records, out, start)
+    if tuning:
+        summary["tuning"] = tuning
+        atomic_write_text(out / SUMMARY_JSON, json.dumps(summary, indent=1, default=float))
     return BenchResult(summary=summary, trained=len(todo), skipped=len(cells) - len(todo), out_dir=out)

@@ -30,7 +30,7 @@ from fedweigh.checks import ConfigError, check_client_args, check_recipe_values
 from fedweigh.data.pools import dataset_classes
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
-from fedweigh.methods import BASELINES, method_spec
+from fedweigh.methods import BASELINES, REFERENCE_METHODS, method_spec
 from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 from fedweigh.site import ClientArgs
 
@@ -275,12 +275,16 @@ def _refuse_cross_site_evaluation_under_he(recipe: FedweighRecipe) -> None:
         )
 
 
-def _client_with_loss(client: ClientArgs | None, loss: str, loss_options: dict | None) -> ClientArgs:
-    """``client`` (or the defaults) with the method's loss, unless the caller chose one."""
+def _client_with_loss(
+    client: ClientArgs | None, loss: str, loss_options: dict | None, client_options: dict | None = None
+) -> ClientArgs:
+    """``client`` (or the defaults) with the method's loss, unless the caller chose one, and the
+    local-training options the method prescribes (:data:`fedweigh.methods.CLIENT_OPTIONS`), which
+    win over ``client``'s (as in the benchmark's cells)."""
     client = client or ClientArgs()
     if client.loss == "default":
         client = replace(client, loss=loss, loss_options=dict(loss_options or client.loss_options))
-    return client
+    return replace(client, **(client_options or {}))
 
 
 class MethodRecipe(FedweighRecipe):
@@ -289,9 +293,12 @@ class MethodRecipe(FedweighRecipe):
     (``"secure"``) when the scheme or the loss needs the global histogram.
 
     Args:
-        method: catalogue name (``feddraw``, ``fedbb``, ``dafl``, ``fedavg``, ...).
+        method: catalogue name (``feddraw``, ``fedbb``, ``fedbb-paper``, ``dafl``, ``fedavg``, ...).
         scheme_args: options of the method's weighting scheme.
         loss_options: options of the method's loss.
+        client_options: local-training options (``optimizer``, ``lr``, ``momentum``, ...:
+            :data:`fedweigh.methods.CLIENT_OPTIONS`) over those the method prescribes; the sites train
+            with them whatever ``client`` says.
         statistics: override the statistics mode (``"none"``, ``"plain"``, ``"secure"``).
         Other keywords: as :class:`FedweighRecipe`.
     """
@@ -303,11 +310,16 @@ class MethodRecipe(FedweighRecipe):
         name: str | None = None,
         scheme_args: dict | None = None,
         loss_options: dict | None = None,
+        client_options: dict | None = None,
         client: ClientArgs | None = None,
         statistics: str | None = None,
         **kwargs,
     ):
-        spec = method_spec(method, scheme_args, loss_options)
+        if method in REFERENCE_METHODS:
+            raise ValueError(
+                f"method {method!r} trains without federation; a recipe needs a federated method"
+            )
+        spec = method_spec(method, scheme_args, loss_options, client_options)
         if statistics is None:
             # with the user's own script, only the scheme (not fedweigh's loss) can need the histogram
             needed = (
@@ -319,8 +331,8 @@ class MethodRecipe(FedweighRecipe):
         super().__init__(
             name=name or method,
             scheme=str(spec.scheme),
-            scheme_args=scheme_args,
-            client=_client_with_loss(client, spec.loss, spec.loss_options),
+            scheme_args=spec.scheme_args or None,
+            client=_client_with_loss(client, spec.loss, spec.loss_options, spec.client_options),
             statistics=statistics,
             **kwargs,
         )

@@ -21,17 +21,26 @@ The text's R_k = sum_i D_ki / sum_j D_kj is identically 1, so the skew score is 
 For "code" and "sqdev", omega_a uses max(S_k, eps)^-1. A perfectly balanced histogram has score 0
 in every mode (the code would divide 0 by 0) and therefore takes nearly all of omega_a.
 
-gamma: the paper uses 1 for X-ray and CIFAR, the authors' active server code uses the imbalance
-weights alone (gamma = 1), a commented-out variant averages them with the size weights
-(gamma = 0.5). Default 0.5: our default skew is a reading, and the paper's own argument (a balanced
-but tiny client must not dominate) needs the size term. The code's omega_b is batches x batch size;
-ours is N_k.
+gamma: default 1, the paper's value for chest X-ray ("gamma was set to 1", Sec. 4, NIH CXR14 /
+CheXpert paragraph; also 1 for CIFAR-10/100) and what the authors' multi-process server code does
+(hphp777/FedBalance, 3.FedBalance_mp/methods/fedbalance.py: the imbalance weights alone). The other
+repository's server (Happiness-Chung/FedBalance, methods/fedbalance.py) mixes them with the size
+weights at gamma = 0.5, the text's remedy for a balanced but tiny client: ``gamma=0.5`` is one option
+away. The code's omega_b is batches x batch size; ours is N_k.
+
+Empty histogram: a site with no positive for any finding (an all-"No Finding" site, or an empty
+split) has no category distribution to score; the text's score is undefined there (0/0) and the
+code would divide by zero. It gets the score of a MAXIMALLY IMBALANCED site, one with all its labels
+in a single category (:func:`empty_histogram_score`). For "cv" that is sqrt(C - 1), the largest
+score any histogram of C categories has, so the site gets the least imbalance weight a real site
+could (it still counts through omega_b when gamma < 1). The site's log names it. Never an exception.
 
 The client computes its score from its own label histogram and sends only the scalar "skew".
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,19 +50,41 @@ import numpy as np
 
 from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, scalar_vector
 
+logger = logging.getLogger("fedweigh.weighting.cbr")
+
 SkewMode = Literal["cv", "code", "sqdev"]
 SKEW_MODES: tuple[str, ...] = ("cv", "code", "sqdev")
 
 
 def _counts(class_counts: np.ndarray) -> np.ndarray:
+    """The histogram as float64; ValueError if it is not a vector of finite non-negative counts, or
+    (for the scores, which are undefined there) if it is all zero."""
+    counts = _vector(class_counts)
+    if counts.sum() <= 0:
+        raise ValueError(
+            "class counts are all zero: the skew of an empty histogram is undefined "
+            "(skew_score gives it the score of a maximally imbalanced site)"
+        )
+    return counts
+
+
+def _vector(class_counts: np.ndarray) -> np.ndarray:
     counts = np.asarray(class_counts, dtype=np.float64)
     if counts.ndim != 1 or counts.size == 0:
         raise ValueError(f"class counts must be a non-empty vector, got shape {counts.shape}")
     if not np.all(np.isfinite(counts)) or np.any(counts < 0):
         raise ValueError(f"class counts must be finite and non-negative, got {counts.tolist()}")
-    if counts.sum() <= 0:
-        raise ValueError("class counts are all zero: the skew of an empty histogram is undefined")
     return counts
+
+
+def empty_histogram_score(num_classes: int, mode: str = "cv") -> float:
+    """The score of an all-zero histogram: that of (1, 0, ..., 0), a site with all its labels in one
+    category, e.g. sqrt(C - 1) for ``cv`` (std / mean of (n, 0, ..., 0), population std, any n)."""
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    one_category = np.zeros(num_classes)
+    one_category[0] = 1.0
+    return skew_score(one_category, mode)
 
 
 def imbalance_cv(class_counts: np.ndarray) -> float:
@@ -87,7 +118,13 @@ def skew_sqdev(class_counts: np.ndarray) -> float:
 
 
 def skew_score(class_counts: np.ndarray, mode: str = "cv") -> float:
-    """Dispatch to :func:`imbalance_cv`, :func:`skew_code` or :func:`skew_sqdev`."""
+    """Dispatch to :func:`imbalance_cv`, :func:`skew_code` or :func:`skew_sqdev`; an all-zero
+    histogram scores :func:`empty_histogram_score` (a maximally imbalanced site)."""
+    counts = _vector(class_counts)
+    if counts.sum() <= 0:
+        if mode not in SKEW_MODES:
+            raise ValueError(f"cbr: skew must be one of {', '.join(SKEW_MODES)}, got {mode!r}")
+        return empty_histogram_score(counts.size, mode)
     if mode == "cv":
         return imbalance_cv(class_counts)
     if mode == "code":
@@ -105,7 +142,7 @@ class CBRWeights(WeightingScheme):
     required_scalars: ClassVar[tuple[str, ...]] = ("skew",)
 
     skew: SkewMode = "cv"
-    gamma: float = 0.5
+    gamma: float = 1.0
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
@@ -127,8 +164,16 @@ class CBRWeights(WeightingScheme):
         params: dict[str, np.ndarray] | None = None,
         global_params: dict[str, np.ndarray] | None = None,
     ) -> dict[str, float]:
-        """{"skew": score of the client's own label histogram}."""
-        return {"skew": skew_score(class_counts, self.skew)}
+        """{"skew": score of the client's own label histogram} (an all-zero one: :func:`empty_histogram_score`)."""
+        counts = _vector(class_counts)
+        score = skew_score(counts, self.skew)
+        if counts.sum() <= 0:
+            logger.info(  # the site itself warns once, naming itself (fedweigh.site)
+                "cbr: the site's label histogram is all zero (no positive for any finding); its skew is "
+                "%.6g, the score of a maximally imbalanced site (all labels in one category)",
+                score,
+            )
+        return {"skew": score}
 
     def balance_weights(self, skews: np.ndarray) -> np.ndarray:
         """omega_a from the skew scores."""
