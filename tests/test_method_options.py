@@ -312,3 +312,12 @@ def test_tune_on_the_command_line(tmp_path):
     assert args.tune == ["lr=1e-3,3e-3", "fedbb:loss.mu=2,4"] and args.tune_seed == 7
     args = parser.parse_args(["bench", "--tune", "lr=1e-3,-3", "--out", str(tmp_path / "x")])
     assert main_bench(args) == 2 and not (tmp_path / "x").exists()
+
+
+def test_fednova_with_sgd_clients_uses_the_momentum_sgd_normaliser():
+    spec = parse_method("fednova:optim=sgd,lr=0.01,client.momentum=0.5")
+    assert spec.scheme_args == {"local_optimizer": "sgd", "momentum": 0.5}
+    assert spec.make_scheme().local_optimizer == "sgd"
+    # an explicit scheme setting wins; Adam clients keep the step-count normaliser
+    assert parse_method("fednova:optim=sgd,local_optimizer=adam").scheme_args == {"local_optimizer": "adam"}
+    assert parse_method("fednova").scheme_args == {}

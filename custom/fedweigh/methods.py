@@ -330,14 +330,26 @@ def method_spec(
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(KNOWN_METHODS)}")
     method = METHODS[name]
+    client = check_client_options(name, {**method.client_options, **(client_options or {})})
+    scheme_options = {**method.scheme_args, **(scheme_args or {})}
+    if (
+        method.scheme == "fednova"
+        and client.get("optimizer") == "sgd"
+        and "local_optimizer" not in scheme_options
+    ):
+        # FedNova's normaliser follows the local optimizer the method's clients are given
+        scheme_options["local_optimizer"] = "sgd"
+        from fedweigh.site import ClientArgs
+
+        scheme_options.setdefault("momentum", client.get("momentum", ClientArgs().momentum))
     return MethodSpec(
         label=label,
         kind="federated",
         scheme=method.scheme,
-        scheme_args=check_scheme_options(name, method.scheme, {**method.scheme_args, **(scheme_args or {})}),
+        scheme_args=check_scheme_options(name, method.scheme, scheme_options),
         loss=method.loss,
         loss_options=check_loss_options(name, method.loss, {**method.loss_options, **(loss_options or {})}),
-        client_options=check_client_options(name, {**method.client_options, **(client_options or {})}),
+        client_options=client,
     )
 
 

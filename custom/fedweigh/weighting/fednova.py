@@ -15,7 +15,8 @@ equal; then w_k = p_k, FedAvg). tau_k is the report's ``num_steps``. ``local_opt
 - ``"adam"`` (default, the clients' default optimizer): Adam's step is divided by running moment
   estimates, so its coefficients have no closed form; the normaliser is taken as tau_k (every step
   counted once, as for plain SGD). This is an approximation: for the paper's normaliser run the
-  clients with SGD and set ``local_optimizer="sgd"`` with their momentum.
+  clients with SGD and set ``local_optimizer="sgd"`` with their momentum (the method label
+  ``fednova:optim=sgd`` does both: :func:`fedweigh.methods.method_spec`).
 """
 
 from __future__ import annotations
