@@ -36,7 +36,7 @@ from pathlib import Path
 
 from fedweigh.bench import make_config, run_bench
 from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell
-from fedweigh.bench.runner import engine_layout, federation_for
+from fedweigh.bench.runner import SAFEGUARDS, engine_layout, federation_for
 
 VARIANTS: tuple[str, ...] = (
     "feddraw",
@@ -48,12 +48,6 @@ VARIANTS: tuple[str, ...] = (
     "fedavg",
 )
 SCENARIOS: tuple[str, ...] = ("quantity-shift", "label-a0.5")
-#: ``off``: the schemes exactly as defined (no weight cap, norm bound or direction check), so that the
-#: study measures the weighting alone; ``deploy``: the NVFlare controller's defaults.
-SAFEGUARDS: dict[str, dict] = {
-    "off": {"max_share": None, "update_norm_bound": None, "min_update_cosine": None},
-    "deploy": {},
-}
 SEEDS: tuple[int, ...] = (0, 1, 2)
 
 
@@ -117,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="synthcxr")
     p.add_argument(
         "--safeguards",
-        choices=tuple(SAFEGUARDS),
+        choices=tuple(SAFEGUARDS),  # fedweigh.bench.runner.SAFEGUARDS
         default="off",
         help="the server's safeguards: off (default; the weighting alone) or deploy (the controller's defaults)",
     )
@@ -147,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.max_steps,
         num_images=args.num_images,
         threads=args.threads,
-        **SAFEGUARDS[args.safeguards],
+        safeguards=args.safeguards,
     )
     out = Path(args.out)
     jobs, _ = engine_layout(len(config.cells()))

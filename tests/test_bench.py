@@ -230,7 +230,12 @@ def test_method_labels_carry_scheme_options():
     assert (spec.scheme, spec.base, spec.loss) == ("feddraw", "feddraw", "default")
     assert spec.scheme_args == {"beta_max": 2.0, "rho": 0.5, "outer": "linear"}
     assert parse_method("fedbb").loss == "pnb" and parse_method("fedbb").needs_statistics()
-    assert parse_method("feddisco").needs_statistics() and not parse_method("fedavg").needs_statistics()
+    # FedDisco's default target is uniform (its authors' code): only the pooled-histogram target needs it
+    assert (
+        parse_method("feddisco:target=global").needs_statistics()
+        and not parse_method("feddisco").needs_statistics()
+    )
+    assert not parse_method("fedavg").needs_statistics()
     with pytest.raises(ValueError, match="unknown method 'fedfoo'"):
         parse_method("fedfoo")
     with pytest.raises(ValueError, match="method .feddraw.: .*nonsense"):
@@ -345,3 +350,23 @@ def test_process_pool_gives_the_serial_results_on_digits(tmp_path):
         )
     assert result.summary["friedman_p_auc"] is None  # one federated method
     assert "Friedman/Nemenyi not computed" in (tmp_path / "report.md").read_text()
+
+
+def test_the_bench_runs_the_schemes_without_safeguards_unless_asked():
+    from fedweigh.cli import build_parser
+    from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
+
+    off = make_config("smoke", "synthcxr")
+    assert (off.max_share, off.update_norm_bound, off.min_update_cosine) == (None, None, None)
+    deploy = make_config("smoke", "synthcxr", safeguards="deploy")
+    assert (deploy.max_share, deploy.update_norm_bound, deploy.min_update_cosine) == (
+        "auto",
+        DEFAULT_UPDATE_NORM_BOUND,
+        DEFAULT_MIN_UPDATE_COSINE,
+    )
+    one = make_config("smoke", "synthcxr", safeguards="deploy", min_update_cosine=None)
+    assert one.min_update_cosine is None and one.max_share == "auto"
+    with pytest.raises(ValueError, match="safeguards must be one of off, deploy"):
+        make_config("smoke", "synthcxr", safeguards="on")
+    args = build_parser().parse_args(["bench", "--safeguards", "deploy", "--max-share", "0.4", "--out", "x"])
+    assert args.safeguards == "deploy" and args.max_share == 0.4 and not hasattr(args, "update_norm_bound")

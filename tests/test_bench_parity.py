@@ -30,6 +30,7 @@ def _bench_rows(method: str) -> list[dict]:
         max_steps=TINY.max_steps,
         batch_size=TINY.batch_size,
         threads=1,
+        safeguards="deploy",  # the simulator's controller runs with its defaults
     )
     record, _, _ = run_cell(config, TINY.scenario, method, TINY.seed)
     return record["rows"]

@@ -124,22 +124,29 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the site models"
     )
     p.add_argument(
+        "--safeguards",
+        choices=("off", "deploy"),
+        default="off",
+        help="the server's safeguards: off (default: the schemes as their papers define them) or deploy "
+        "(the NVFlare controller's defaults); the three options below override one each",
+    )
+    p.add_argument(
         "--max-share",
         type=_safeguard,
-        default="auto",
-        help="cap on one site's share of a round's weight: auto (default), a number in (0, 1], or none",
+        default=argparse.SUPPRESS,
+        help="cap on one site's share of a round's weight: auto, a number in (0, 1], or none",
     )
     p.add_argument(
         "--update-norm-bound",
         type=_safeguard,
-        default=3.0,
-        help="bound on each update's norm, in medians of the other sites' (default 3; none: off)",
+        default=argparse.SUPPRESS,
+        help="bound on each update's norm, in medians of the other sites' (none: off)",
     )
     p.add_argument(
         "--min-update-cosine",
         type=_safeguard,
-        default=0.0,
-        help="leave out an update pointing away from most others' (default 0; none: off)",
+        default=argparse.SUPPRESS,
+        help="leave out an update opposing a consensus of the others' (none: off)",
     )
     p.add_argument(
         "--cluster",
@@ -201,9 +208,12 @@ def main_bench(args: argparse.Namespace) -> int:
             threads=args.threads,
             loader_options=args.loader_options,
             eval_every=args.eval_every,
-            max_share=args.max_share,
-            update_norm_bound=args.update_norm_bound,
-            min_update_cosine=args.min_update_cosine,
+            safeguards=args.safeguards,
+            **{
+                key: getattr(args, key)
+                for key in ("max_share", "update_norm_bound", "min_update_cosine")
+                if hasattr(args, key)
+            },
             device=args.device,
             keep_optimizer=args.keep_optimizer,
             channels_last=args.channels_last,

@@ -130,6 +130,23 @@ def parse_tune(text: str) -> TuneSpec:
     return TuneSpec(key=key, values=tuple(values), method=method.strip() or None)
 
 
+#: The server's safeguards of a bench run (``--safeguards``): ``"off"`` (the default) runs the
+#: weighting schemes exactly as their papers define them, so that a comparison measures the weighting
+#: alone; ``"deploy"`` applies the NVFlare controller's defaults, to measure what a federation runs.
+#: Off by default because, in converged runs, the direction check and the norm bound act on honest
+#: sites: most often on the site whose data differ most from the others' (docs/bench.md).
+SAFEGUARDS: dict[str, dict[str, object]] = {
+    "off": {"max_share": None, "update_norm_bound": None, "min_update_cosine": None},
+    "deploy": {
+        "max_share": "auto",
+        "update_norm_bound": DEFAULT_UPDATE_NORM_BOUND,
+        "min_update_cosine": DEFAULT_MIN_UPDATE_COSINE,
+    },
+}
+#: A safeguard argument of :func:`make_config` left to ``safeguards``.
+FROM_SAFEGUARDS = object()
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Everything that defines a benchmark's cells.
@@ -142,9 +159,9 @@ class BenchConfig:
         after the last round (1: every round). Training is the same for every k.
     site_workers: processes a cell's sites train in, in parallel (1: in the cell's process); changes
         no number.
-    max_share / update_norm_bound / min_update_cosine: the server's safeguards, with the NVFlare
-        controller's defaults (docs/security.md); None turns one off, e.g. to run the schemes exactly
-        as their papers define them.
+    max_share / update_norm_bound / min_update_cosine: the server's safeguards (docs/security.md);
+        off (None) by default, so that the schemes run exactly as their papers define them;
+        :data:`SAFEGUARDS` ``"deploy"`` gives the NVFlare controller's defaults.
     """
 
     dataset: str
@@ -159,9 +176,9 @@ class BenchConfig:
     threshold: str = "0.5"
     eval_every: int = 1
     site_workers: int = 1
-    max_share: float | str | None = "auto"
-    update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND
-    min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE
+    max_share: float | str | None = None
+    update_norm_bound: float | None = None
+    min_update_cosine: float | None = None
     #: options to tune per method before the reported cells, and where (scenario, seed)
     tune: tuple[TuneSpec, ...] = ()
     tune_scenario: str | None = None
@@ -206,9 +223,10 @@ def make_config(
     threshold: str | None = None,
     eval_every: int | None = None,
     site_workers: int = 1,
-    max_share: float | str | None = "auto",
-    update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
-    min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
+    safeguards: str = "off",
+    max_share: float | str | None | object = FROM_SAFEGUARDS,
+    update_norm_bound: float | None | object = FROM_SAFEGUARDS,
+    min_update_cosine: float | None | object = FROM_SAFEGUARDS,
     tune: Sequence[str | TuneSpec] = (),
     tune_scenario: str | None = None,
     tune_seed: int | None = None,
@@ -222,6 +240,14 @@ def make_config(
     largest seed; never a reported seed).
     Raises ValueError naming the bad dataset, scenario, method, seed, round count or tuned option.
     """
+    if safeguards not in SAFEGUARDS:
+        raise ValueError(f"safeguards must be one of {', '.join(SAFEGUARDS)}, got {safeguards!r}")
+    given = {
+        "max_share": max_share,
+        "update_norm_bound": update_norm_bound,
+        "min_update_cosine": min_update_cosine,
+    }
+    guards = {k: SAFEGUARDS[safeguards][k] if v is FROM_SAFEGUARDS else v for k, v in given.items()}
     prof = get_profile(profile)
     threshold = prof.threshold if threshold is None else str(threshold)
     if threshold not in THRESHOLDS:
@@ -285,9 +311,9 @@ def make_config(
         threshold=threshold,
         eval_every=eval_every,
         site_workers=site_workers,
-        max_share=check_max_share(max_share),
-        update_norm_bound=check_update_norm_bound(update_norm_bound),
-        min_update_cosine=check_min_update_cosine(min_update_cosine),
+        max_share=check_max_share(guards["max_share"]),
+        update_norm_bound=check_update_norm_bound(guards["update_norm_bound"]),
+        min_update_cosine=check_min_update_cosine(guards["min_update_cosine"]),
         tune=tunes,
         tune_scenario=tune_scenario if tunes else None,
         tune_seed=tune_seed if tunes else None,
