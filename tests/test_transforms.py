@@ -125,3 +125,8 @@ def test_augmentation_options():
     assert not torch.allclose(turned, augment_images(x, torch.Generator().manual_seed(0)))
     with pytest.raises(ValueError, match=r"Augmentation.flip_prob must be a number in \[0, 1\], got 2"):
         Augmentation(flip_prob=2)
+
+
+def test_worker_processes_give_the_same_images(tmp_path):
+    paths = _write_images(tmp_path, ".jpg")
+    np.testing.assert_array_equal(load_image_files(paths, 8, workers=1), load_image_files(paths, 8))
