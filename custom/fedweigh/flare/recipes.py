@@ -228,9 +228,12 @@ class FedweighRecipe(Recipe):
                 "a list of non-empty patterns: glob patterns or selectors (first:N, last:N, largest:N); "
                 "a regular-expression string is not supported",
             )
+        given = scheme_args
         scheme_args, mu = fedprox_options(scheme, scheme_args, fedprox_mu, where)
         if mu is not None:
             scheme_args["client_mu"] = mu
+        elif given is None and not scheme_args:
+            scheme_args = None  # exported exactly as before: no scheme options
         self.train_script = train_script
         if train_script is not None:
             if not Path(train_script).is_file():
@@ -370,8 +373,11 @@ class MethodRecipe(FedweighRecipe):
         **kwargs,
     ):
         scheme = METHODS[method].scheme if method in METHODS else method
+        given = scheme_args
         scheme_args, mu = fedprox_options(scheme, scheme_args, fedprox_mu, f"recipe {name or method!r}")
         spec = method_spec(method, {**scheme_args, **({} if mu is None else {"client_mu": mu})}, loss_options)
+        if given is None and not scheme_args:
+            scheme_args = None
         if statistics is None:
             # with the user's own script, only the scheme (not fedweigh's loss) can need the histogram
             needed = (
