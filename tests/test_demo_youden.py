@@ -44,6 +44,9 @@ def test_thresholds_come_from_the_sites_validation_images(job_and_model):
     assert list(report["thresholds"].values()) == pytest.approx(expected.tolist(), abs=1e-6)
     assert list(report["thresholds"]) == list(test.class_names)
     assert report["val_images"] == len(val_labels)
+    one_way = [n for n, c in zip(test.class_names, val_labels.T, strict=True) if c.min() == c.max()]
+    assert one_way and report["at_default"] == one_way
+    assert all(report["thresholds"][n] == 0.5 for n in one_way)
     test_scores = predict(model, test)
     assert report["gm_youden"] == pytest.approx(
         geometric_mean(test.labels, test_scores, expected)[0], abs=1e-9
@@ -73,6 +76,7 @@ def test_demo_prints_gm_at_youden_next_to_gm_at_half(job_and_model, tmp_path, mo
     assert f"GM {report['gm_youden']:.4f} at per-finding Youden thresholds" in line
     assert f"the sites' {report['val_images']} validation images, never the test set" in line
     assert f"GM {report['gm_05']:.4f} at threshold 0.5" in line
+    assert f"0.5 for {len(report['at_default'])} finding(s) validation shows only one way" in line
     first = next(iter(report["thresholds"]))
     assert f"{first} {report['thresholds'][first]:.3f}" in line
 

@@ -151,7 +151,8 @@ def youden_report(job_dir: Path, model_path: Path, n_clients: int) -> dict:
 
     The thresholds maximise Youden's J = TPR - FPR on the union of the sites' validation splits
     (never the test set), as ``fedweigh bench --threshold youden`` does. Returns ``gm_05``,
-    ``gm_youden``, ``thresholds`` ({finding: threshold}) and ``val_images``; ValueError when the job's
+    ``gm_youden``, ``thresholds`` ({finding: threshold}), ``val_images`` and ``at_default`` (findings
+    without both labels in validation, left at 0.5); ValueError when the job's
     task is not multi-label (multi-class GM uses the arg-max, no threshold).
     """
     import numpy as np
@@ -185,6 +186,12 @@ def youden_report(job_dir: Path, model_path: Path, n_clients: int) -> dict:
         "gm_youden": geometric_mean(test.labels, test_scores, thresholds)[0],
         "thresholds": dict(zip(test.class_names, (float(t) for t in thresholds), strict=True)),
         "val_images": len(val),
+        # findings the validation images do not show both ways keep 0.5 (youden_thresholds' default)
+        "at_default": [
+            name
+            for name, column in zip(test.class_names, val.labels.T, strict=True)
+            if len(np.unique(column[~np.isnan(column)])) < 2
+        ],
     }
 
 
@@ -192,10 +199,12 @@ def format_youden(report: dict) -> str:
     """The demo's line on GM at the Youden thresholds, naming the thresholds it used."""
     values = sorted(report["thresholds"].values())
     shown = ", ".join(f"{name} {t:.3f}" for name, t in report["thresholds"].items())
+    default = report.get("at_default") or []
+    note = f"; 0.5 for {len(default)} finding(s) validation shows only one way" if default else ""
     return (
         f"GM {report['gm_youden']:.4f} at per-finding Youden thresholds (max TPR - FPR on the sites' "
         f"{report['val_images']} validation images, never the test set; {values[0]:.3f}..{values[-1]:.3f}: "
-        f"{shown}); GM {report['gm_05']:.4f} at threshold 0.5"
+        f"{shown}{note}); GM {report['gm_05']:.4f} at threshold 0.5"
     )
 
 
