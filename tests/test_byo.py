@@ -131,12 +131,20 @@ def test_recipe_takes_a_monai_network_and_an_initial_checkpoint(tmp_path, monkey
 def test_statistics_follow_the_scheme_not_fedweighs_loss(tmp_path):
     TinyNet = _example_model()
     script = str(EXAMPLE / "train.py")
-    for method, expected in (("fedbb", "none"), ("feddisco", "secure")):
-        # FedBB's PNB loss is fedweigh's, not the user's; FedDisco's weights need the global histogram
-        recipe = MethodRecipe(method=method, min_clients=2, train_script=script, model=TinyNet())
-        recipe.export(str(tmp_path))
-        controller = _component(_server_config(tmp_path / method), "controller")
-        assert controller["args"].get("statistics", "none") == expected, method
+    for i, (method, options, expected) in enumerate(
+        (
+            ("fedbb", None, "none"),
+            ("feddisco", {"target": "global"}, "secure"),
+            ("feddisco", None, "none"),  # its default target is uniform: no histogram needed
+        )
+    ):
+        # FedBB's PNB loss is fedweigh's, not the user's; FedDisco's pooled-histogram target needs it
+        recipe = MethodRecipe(
+            method=method, min_clients=2, train_script=script, model=TinyNet(), scheme_args=options
+        )
+        recipe.export(str(tmp_path / str(i)))
+        controller = _component(_server_config(tmp_path / str(i) / method), "controller")
+        assert controller["args"].get("statistics", "none") == expected, (method, options)
 
 
 @pytest.mark.parametrize(

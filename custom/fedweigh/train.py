@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fedweigh.arrays import to_numpy
 from fedweigh.data.base import LabeledImages
+from fedweigh.data.transforms import augment_images
 from fedweigh.metrics import evaluate_scores
 
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
@@ -283,26 +284,14 @@ def fedprox_term(
 
 
 def augment_batch(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Light, label-preserving augmentation of a batch in [0, 1].
+    """Light, label-preserving augmentation of a batch in [0, 1] (:func:`fedweigh.data.transforms.augment_images`).
 
-    Per image: a random translation of up to 1/16 of the side (border pixels replicated) and a
-    random intensity change ``x' = clip(a * x + b, 0, 1)`` with a ~ U(0.9, 1.1), b ~ U(-0.05, 0.05).
-    No flips: left/right matters on chest radiographs. Random draws come from ``generator`` (CPU).
+    Per image (:class:`fedweigh.data.transforms.Augmentation` defaults): a shift of up to 1/16 of the
+    side (MONAI's ``AffineTransform``, border pixels replicated) and ``x' = clip(a * x + b, 0, 1)``
+    with a ~ U(0.9, 1.1), b ~ U(-0.05, 0.05). No flips: left/right matters on chest radiographs.
+    Random draws come from ``generator`` (CPU).
     """
-    n = x.shape[0]
-    shift = (torch.rand(n, 2, generator=generator) * 2 - 1) / 8  # grid units: side = 2, so 1/16 of side
-    a = 0.9 + 0.2 * torch.rand(n, generator=generator)
-    b = -0.05 + 0.1 * torch.rand(n, generator=generator)
-    theta = torch.zeros(n, 2, 3)
-    theta[:, 0, 0] = 1.0
-    theta[:, 1, 1] = 1.0
-    theta[:, :, 2] = shift
-    theta = theta.to(device=x.device, dtype=x.dtype)
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    moved = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
-    a = a.to(device=x.device, dtype=x.dtype).view(n, 1, 1, 1)
-    b = b.to(device=x.device, dtype=x.dtype).view(n, 1, 1, 1)
-    return (a * moved + b).clamp(0.0, 1.0)
+    return augment_images(x, generator)
 
 
 def run_epochs(

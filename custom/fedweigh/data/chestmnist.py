@@ -33,7 +33,8 @@ class DatasetFormatError(ValueError):
 def resize_images(images: np.ndarray, size: int) -> np.ndarray:
     """Resize float32 (N, C, H, W) images to (N, C, size, size), bilinear with antialiasing, in [0, 1].
 
-    Uses ``torch.nn.functional.interpolate(mode="bilinear", antialias=True)``; antialiasing low-pass
+    The resize of the file loaders' MONAI pipeline (:class:`fedweigh.data.transforms.AntialiasedResize`,
+    ``torch.nn.functional.interpolate(mode="bilinear", antialias=True)``); antialiasing low-pass
     filters before down-sampling so that 224 -> 32 px does not alias.
     """
     if size <= 0:
@@ -41,16 +42,11 @@ def resize_images(images: np.ndarray, size: int) -> np.ndarray:
     if images.shape[-2:] == (size, size):
         return np.ascontiguousarray(images, dtype=np.float32)
     import torch
-    import torch.nn.functional as F
+
+    from fedweigh.data.transforms import AntialiasedResize
 
     with torch.no_grad():
-        out = F.interpolate(
-            torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32)),
-            size=(size, size),
-            mode="bilinear",
-            align_corners=False,
-            antialias=True,
-        )
+        out = AntialiasedResize(size)(torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32)))
     return np.clip(out.numpy(), 0.0, 1.0).astype(np.float32, copy=False)
 
 

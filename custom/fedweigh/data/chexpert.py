@@ -8,8 +8,10 @@ or blank (not mentioned, read as 0). Uncertain labels follow one of the paper's 
 * ``"zeros"``  (U-Zeros):  -1 -> 0
 * ``"ignore"`` (U-Ignore): -1 -> NaN; training and evaluation mask NaN entries out.
 
-Images are decoded with PIL as grey and resized (bilinear, without keeping the aspect ratio) to
-``size`` x ``size``. Nothing is downloaded: the user points at the folder of the dataset on disk.
+Images go through MONAI's image pipeline (:func:`fedweigh.data.transforms.file_pipeline`): PIL
+decoding as grey (JPEG with DCT-domain down-scaling), ``Resize`` (bilinear, antialiased, without
+keeping the aspect ratio) to ``size`` x ``size`` and 0..255 -> 0..1, read by a MONAI ``DataLoader``
+with ``workers`` processes. Nothing is downloaded: the user points at the folder of the dataset on disk.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from fedweigh.data.base import LabeledImages
 from fedweigh.data.chestmnist import DatasetFormatError
+from fedweigh.data.transforms import load_image_files
 
 #: The 14 label columns of the CheXpert csv files, in file order.
 CHEXPERT_LABELS: tuple[str, ...] = (
@@ -100,17 +103,6 @@ def resolve_image_path(csv_dir: Path, root: Path, rel: str) -> tuple[Path | None
     return None, seen
 
 
-def _decode(path: Path, size: int) -> np.ndarray:
-    """Decode one image as grey float32 (size, size) in [0, 1]."""
-    from PIL import Image
-
-    with Image.open(path) as img:
-        if img.format == "JPEG":
-            img.draft("L", (2 * size, 2 * size))  # DCT-domain down-scaling: much faster decoding
-        grey = img.convert("L").resize((size, size), Image.Resampling.BILINEAR)
-        return np.asarray(grey, dtype=np.float32) / np.float32(255.0)
-
-
 def load_chexpert(
     root: str | Path,
     split: Literal["train", "valid"] = "train",
@@ -119,6 +111,7 @@ def load_chexpert(
     frontal_only: bool = False,
     findings: Sequence[str] = CHEXPERT_FINDINGS,
     max_images: int | None = None,
+    workers: int = 0,
 ) -> LabeledImages:
     """Read one CheXpert split as multi-label LabeledImages (images (N, 1, size, size), labels (N, F)).
 
@@ -127,6 +120,7 @@ def load_chexpert(
     competition tasks; ``CHEXPERT_PATHOLOGIES`` gives all 13). ``frontal_only`` keeps rows whose
     ``Frontal/Lateral`` is "Frontal". ``max_images`` keeps the first rows (after filtering) in csv
     order, which keeps patients whole. Blank labels are 0; -1 follows ``uncertainty`` (see module doc).
+    ``workers``: processes decoding images (0: in this process).
 
     Raises FileNotFoundError (folder / csv), DatasetFormatError naming the csv and the missing columns,
     the bad value, or the image path and csv line that could not be read.
@@ -178,17 +172,21 @@ def load_chexpert(
         values = np.where(np.isnan(values), 0.0, values)
         labels[:, j] = np.where(values == -1.0, _UNCERTAIN_VALUE[uncertainty], values)
 
-    images = np.empty((len(frame), 1, size, size), dtype=np.float32)
-    for i, (rel, line) in enumerate(zip(frame["Path"].astype(str), frame["_line"], strict=True)):
+    paths: list[Path] = []
+    for rel, line in zip(frame["Path"].astype(str), frame["_line"], strict=True):
         path, tried = resolve_image_path(csv.parent, root, rel)
         if path is None:
             raise DatasetFormatError(
                 f"{csv} line {int(line)}: image {rel!r} not found (tried {', '.join(map(str, tried))})"
             )
-        try:
-            images[i, 0] = _decode(path, size)
-        except OSError as exc:  # PIL.UnidentifiedImageError is an OSError
-            raise DatasetFormatError(f"{csv} line {int(line)}: cannot read image {path} ({exc})") from exc
+        paths.append(path)
+    try:
+        images = load_image_files(paths, size, intensity="uint8", workers=workers)
+    except OSError as exc:  # names the file; add its csv line
+        bad = next((i for i, p in enumerate(paths) if str(exc).startswith(f"{p}:")), 0)
+        raise DatasetFormatError(
+            f"{csv} line {int(frame['_line'].iloc[bad])}: cannot read image {paths[bad]} ({exc})"
+        ) from exc
     return LabeledImages(
         images=images,
         labels=labels,

@@ -12,9 +12,10 @@ relative to the CSV's folder, or to ``image_root``) and its labels. Loader optio
 * ``image_root``: the folder the image paths are relative to (default: the CSV's folder).
 * ``workers`` (default 0): processes decoding images (MONAI ``DataLoader`` workers).
 
-MONAI transforms load each image (PIL for PNG/JPEG, pydicom for DICOM: ``pip install fedweigh[dicom]``),
-put its channel first, average colour channels to grey, resize to ``size`` x ``size`` and scale
-intensities to [0, 1]. A site names the dataset in its ``local/fedweigh_site.json``::
+MONAI's image pipeline (:func:`fedweigh.data.transforms.file_pipeline`) loads each image (PIL for
+PNG/JPEG, as grey; pydicom for DICOM: ``pip install fedweigh[dicom]``), puts its channel first,
+resizes it to ``size`` x ``size`` (bilinear, antialiased) and scales each image's own intensity range
+to [0, 1]. A site names the dataset in its ``local/fedweigh_site.json``::
 
     {"dataset": "images_csv", "data_path": "/data/cxr/labels.csv", "size": 64,
      "loader_options": {"label_columns": ["Effusion", "Edema"], "split_column": "split"}}
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fedweigh.data.base import LabeledImages
+from fedweigh.data.transforms import load_image_files
 
 DATASET = "images_csv"
 DICOM_SUFFIXES = (".dcm", ".dicom")
@@ -116,43 +118,11 @@ def _label(csv_path: Path, line: int, column: str, text: str) -> float:
     return value
 
 
-def image_transform(size: int):
-    """MONAI transforms: load, channel first, grey, resize to size x size, scale to [0, 1]."""
-    from monai.transforms import Compose, EnsureChannelFirst, Lambda, LoadImage, Resize, ScaleIntensity
-
-    return Compose(
-        [
-            LoadImage(image_only=True),
-            EnsureChannelFirst(),
-            Lambda(lambda img: img.mean(dim=0, keepdim=True) if img.shape[0] > 1 else img),
-            Resize((size, size), mode="bilinear", anti_aliasing=False),
-            ScaleIntensity(minv=0.0, maxv=1.0),
-        ]
-    )
-
-
 def _decode_all(paths: list[Path], size: int, workers: int) -> np.ndarray:
-    from monai.data import DataLoader, Dataset
-
-    transform = image_transform(size)
-    loader = DataLoader(
-        Dataset(data=[str(p) for p in paths], transform=transform), batch_size=64, num_workers=workers
-    )
-    batches = []
-    done = 0
     try:
-        for batch in loader:
-            array = np.asarray(
-                batch.detach().cpu().numpy() if hasattr(batch, "detach") else batch, np.float32
-            )
-            batches.append(array)
-            done += len(array)
-    except Exception as e:  # name the image MONAI could not read
-        bad = paths[min(done, len(paths) - 1)]
-        raise FolderFormatError(f"{bad}: MONAI could not read this image: {e}") from e
-    images = np.concatenate(batches).astype(np.float32)
-    # MONAI's image readers put the first pixel axis first (PIL: width); match the PIL/npz loaders
-    return np.ascontiguousarray(np.swapaxes(images, -1, -2))
+        return load_image_files(paths, size, intensity="minmax", workers=workers)
+    except OSError as e:  # names the image MONAI could not read
+        raise FolderFormatError(f"MONAI could not read an image: {e}") from e
 
 
 def load_images_csv(

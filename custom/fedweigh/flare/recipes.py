@@ -14,6 +14,7 @@ options.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from fedweigh.checks import ConfigError, check_client_args, check_recipe_values
 from fedweigh.data.pools import dataset_classes
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
-from fedweigh.methods import BASELINES, REFERENCE_METHODS, method_spec
+from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
 from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 from fedweigh.site import ClientArgs
 
@@ -83,6 +84,46 @@ class ModelSpec:
         return {"path": "fedweigh.models.FedweighNet", "args": args}
 
 
+def _deprecated(old: str, new: str, where: str) -> None:
+    warnings.warn(
+        f"{where}: {old} is deprecated; use {new} (NVFlare's name for the same setting)",
+        FutureWarning,
+        stacklevel=4,
+    )
+
+
+def fedprox_options(
+    scheme: str, scheme_args: dict | None, fedprox_mu: float | None, where: str
+) -> tuple[dict, float | None]:
+    """(scheme_args without the proximal coefficient, mu or None) from NVFlare's ``fedprox_mu`` or the
+    deprecated ``scheme_args["client_mu"]`` (which warns); ConfigError when both are given or the
+    scheme has no proximal term."""
+    args = dict(scheme_args or {})
+    if "fedprox_mu" in args:  # NVFlare's name inside the scheme's options
+        if fedprox_mu is not None:
+            raise ConfigError(where, "scheme_args['fedprox_mu']", args["fedprox_mu"], "give fedprox_mu once")
+        fedprox_mu = args.pop("fedprox_mu")
+    if "client_mu" in args:
+        if fedprox_mu is not None:
+            raise ConfigError(
+                where,
+                "scheme_args['client_mu']",
+                args["client_mu"],
+                "give fedprox_mu alone (client_mu is its old name)",
+            )
+        _deprecated("scheme_args['client_mu']", "fedprox_mu=", where)
+        fedprox_mu = args.pop("client_mu")
+    if fedprox_mu is None:
+        return args, None
+    if scheme != "fedprox":
+        raise ConfigError(
+            where, "fedprox_mu", fedprox_mu, f"FedProx's coefficient; scheme {scheme!r} has none"
+        )
+    if isinstance(fedprox_mu, bool) or not isinstance(fedprox_mu, (int, float)) or not fedprox_mu >= 0:
+        raise ConfigError(where, "fedprox_mu", fedprox_mu, "a number >= 0")
+    return args, float(fedprox_mu)
+
+
 class FedweighRecipe(Recipe):
     """A fedweigh job: a weighting scheme at the server, the shared training script at the sites.
 
@@ -125,9 +166,14 @@ class FedweighRecipe(Recipe):
         initial_ckpt: a PyTorch checkpoint (state dict) the global model starts from, as in NVFlare's
             recipes: a relative path is a local file shipped in the job, an absolute path a file on
             the server.
-        he_layers: with ``he``, encrypt only the floating-point arrays matching these glob patterns
-            or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear
-            (docs/privacy.md states what that reveals). None: encrypt all of them.
+        encrypt_layers: with ``he``, encrypt only the floating-point arrays matching these glob
+            patterns or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear
+            (docs/privacy.md states what that reveals). None: encrypt all of them. NVFlare's
+            ``FedAvgRecipeWithHE`` name; an exact parameter name is a pattern that matches itself.
+        he_layers: the deprecated name of ``encrypt_layers`` (warns).
+        fedprox_mu: FedProx's proximal coefficient mu (scheme ``fedprox``; NVFlare's
+            ``FedProxRecipe`` name); None: the scheme's default. ``scheme_args={"client_mu": ...}``
+            is its deprecated form (warns).
     """
 
     def __init__(
@@ -147,7 +193,9 @@ class FedweighRecipe(Recipe):
         seed: int = 0,
         bundle: bool = False,
         he: bool = False,
+        encrypt_layers: list[str] | None = None,
         he_layers: list[str] | None = None,
+        fedprox_mu: float | None = None,
         max_share: float | str | None = "auto",
         stop_after: int | None = None,
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
@@ -169,6 +217,28 @@ class FedweighRecipe(Recipe):
             },
             f"recipe {name!r}",
         )
+        where = f"recipe {name!r}"
+        if he_layers is not None:
+            if encrypt_layers is not None:
+                raise ConfigError(
+                    where, "he_layers", he_layers, "give encrypt_layers alone (he_layers is its old name)"
+                )
+            _deprecated("he_layers", "encrypt_layers", where)
+            encrypt_layers = he_layers
+        if isinstance(encrypt_layers, str):
+            raise ConfigError(
+                where,
+                "encrypt_layers",
+                encrypt_layers,
+                "a list of non-empty patterns: glob patterns or selectors (first:N, last:N, largest:N); "
+                "a regular-expression string is not supported",
+            )
+        given = scheme_args
+        scheme_args, mu = fedprox_options(scheme, scheme_args, fedprox_mu, where)
+        if mu is not None:
+            scheme_args["client_mu"] = mu
+        elif given is None and not scheme_args:
+            scheme_args = None  # exported exactly as before: no scheme options
         self.train_script = train_script
         if train_script is not None:
             if not Path(train_script).is_file():
@@ -243,7 +313,7 @@ class FedweighRecipe(Recipe):
             resume_from=resume_from,
             persistor_id=persistor_id,
             he=he,
-            he_layers=he_layers,
+            he_layers=encrypt_layers,
             max_share=max_share,
             stop_after=stop_after,
             update_norm_bound=update_norm_bound,
@@ -313,13 +383,23 @@ class MethodRecipe(FedweighRecipe):
         client_options: dict | None = None,
         client: ClientArgs | None = None,
         statistics: str | None = None,
+        fedprox_mu: float | None = None,
         **kwargs,
     ):
         if method in REFERENCE_METHODS:
             raise ValueError(
                 f"method {method!r} trains without federation; a recipe needs a federated method"
             )
-        spec = method_spec(method, scheme_args, loss_options, client_options)
+        scheme = METHODS[method].scheme if method in METHODS else method
+        given = scheme_args
+        scheme_args, mu = fedprox_options(scheme, scheme_args, fedprox_mu, f"recipe {name or method!r}")
+        spec = method_spec(
+            method, {**scheme_args, **({} if mu is None else {"client_mu": mu})}, loss_options, client_options
+        )
+        # the catalogue's and the caller's scheme options; FedProx's coefficient travels as fedprox_mu
+        scheme_args = {k: v for k, v in spec.scheme_args.items() if k != "client_mu"}
+        if given is None and not scheme_args:
+            scheme_args = None
         if statistics is None:
             # with the user's own script, only the scheme (not fedweigh's loss) can need the histogram
             needed = (
@@ -331,9 +411,10 @@ class MethodRecipe(FedweighRecipe):
         super().__init__(
             name=name or method,
             scheme=str(spec.scheme),
-            scheme_args=spec.scheme_args or None,
+            scheme_args=scheme_args,
             client=_client_with_loss(client, spec.loss, spec.loss_options, spec.client_options),
             statistics=statistics,
+            fedprox_mu=mu,
             **kwargs,
         )
 
@@ -372,7 +453,8 @@ class DAFLRecipe(MethodRecipe):
 
 
 class BaselineRecipe(MethodRecipe):
-    """One of the baselines (FedAvg, FedProx, FedNova, FedAdp, IDA, FedDisco, FedAWA) by name."""
+    """One of the baselines (FedAvg, FedProx, FedNova, FedAdp, IDA, FedDisco, FedAWA) by name; FedProx's
+    coefficient is ``fedprox_mu`` as in NVFlare's ``FedProxRecipe``."""
 
     def __init__(self, *, baseline: str, name: str | None = None, scheme_args: dict | None = None, **kwargs):
         if baseline not in BASELINES:

@@ -1,0 +1,467 @@
+"""A MONAI Bundle as a site's training under a fedweigh scheme, through MONAI's federated interface.
+
+``monai.fl.client.MonaiAlgo`` runs a bundle's training config (``configs/train.json``: its
+``train#trainer``, a ``SupervisedTrainer``) for ``local_epochs`` per round, and its evaluation config
+when the bundle has one. The NVFlare Client API script of this module (:func:`main`, shipped as
+``monai_bundle_client.py``) wraps it: each ``train`` task loads the global model into the bundle's
+network, trains, and answers with the full local model and the meta the fedweigh server weighs a
+site by (:mod:`fedweigh.flare.byo`): ``num_samples`` = the size of the bundle's training dataset,
+``NUM_STEPS_CURRENT_ROUND`` = the iterations MONAI ran, and the scheme's scalars computed from the
+label counts of the training data list. FedProx's proximal term is added to the bundle's loss when
+the scheme asks for it. :class:`MonaiBundleRecipe` builds the job::
+
+    recipe = MonaiBundleRecipe(method="fedbb", bundle_root="my_bundle", min_clients=3, num_rounds=5,
+                               num_classes=4, overrides={"dataset_dir": "/data/cxr/{site}"})
+    recipe.export("jobs")
+
+The bundle ships in the job's ``custom/`` folder; the global model is the bundle's ``network_def``.
+Config ``overrides`` are applied at every site (``{site}`` becomes the site's name); a site adds its
+own (e.g. where its data lie) in the JSON file named by ``FEDWEIGH_BUNDLE_OVERRIDES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import nvflare.client as flare
+import torch
+from nvflare.apis.job_def import ALL_SITES
+from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
+
+from fedweigh.checks import ConfigError
+from fedweigh.flare.byo import answer_statistics, global_statistics, is_statistics_task, plan_of, result_meta
+from fedweigh.flare.recipes import MethodRecipe
+from fedweigh.protocol import META_NUM_SAMPLES, TASK_TRAIN
+from fedweigh.train import fedprox_term
+
+logger = logging.getLogger("fedweigh.monai_bundle")
+
+#: The Client API script the recipe ships; it runs :func:`main`.
+BUNDLE_CLIENT_SCRIPT = str(Path(__file__).with_name("monai_bundle_client.py"))
+#: Environment variable naming a site-local JSON object of bundle config overrides (e.g. data paths).
+SITE_OVERRIDES_ENV = "FEDWEIGH_BUNDLE_OVERRIDES"
+DEFAULT_TRAIN_CONFIG = "configs/train.json"
+DEFAULT_EVAL_CONFIG = "configs/evaluate.json"
+
+
+class BundleError(ValueError):
+    """A bundle, its data list or an override cannot be used; the message names the file or field."""
+
+
+def bundle_network(
+    bundle_root: str | Path, train_config: str = DEFAULT_TRAIN_CONFIG, network_id: str = "network_def"
+) -> torch.nn.Module:
+    """The network the bundle's training config defines under ``network_id`` (the global model)."""
+    from monai.bundle import ConfigParser
+
+    config = Path(bundle_root) / train_config
+    if not config.is_file():
+        raise BundleError(f"{config}: no such bundle config (train_config is relative to the bundle root)")
+    parser = ConfigParser()
+    parser.read_config(str(config))
+    if network_id not in parser:
+        raise BundleError(f"{config}: no {network_id!r} entry (network_id names the bundle's network)")
+    network = parser.get_parsed_content(network_id)
+    if not isinstance(network, torch.nn.Module):
+        raise BundleError(f"{config}: {network_id!r} is a {type(network).__name__}, not a torch.nn.Module")
+    return network
+
+
+def bundle_model(
+    bundle_root: str | Path, train_config: str = DEFAULT_TRAIN_CONFIG, network_id: str = "network_def"
+) -> dict[str, Any]:
+    """The bundle's network in NVFlare's model form ``{"path": "pkg.Class", "args": {...}}``.
+
+    The arguments are the network entry's, resolved by the bundle's config parser (references such as
+    ``"@num_classes"`` become values); the server builds the global model from them.
+    """
+    from monai.bundle import ConfigParser
+
+    network = bundle_network(bundle_root, train_config, network_id)
+    parser = ConfigParser()
+    parser.read_config(str(Path(bundle_root) / train_config))
+    entry = parser.get(network_id)
+    if not isinstance(entry, dict) or "_target_" not in entry:
+        raise BundleError(
+            f"{Path(bundle_root) / train_config}: {network_id!r} must be a component ({{'_target_': ..., args}})"
+        )
+    args = {k: parser.get_parsed_content(f"{network_id}#{k}") for k in entry if not k.startswith("_")}
+    try:
+        json.dumps(args)
+    except TypeError as e:
+        raise BundleError(
+            f"{Path(bundle_root) / train_config}: {network_id!r} has arguments that are not plain values ({e}); "
+            "pass the recipe a model= instead"
+        ) from None
+    return {"path": f"{type(network).__module__}.{type(network).__name__}", "args": args}
+
+
+def label_counts(items: Sequence[Any], label_key: str, num_classes: int | None, where: str) -> np.ndarray:
+    """Per-class counts of the labels of a bundle's data list (``[{"image": ..., "label": ...}, ...]``).
+
+    A label that is a number is a class index (multi-class; needs ``num_classes``); a list is a
+    multi-hot vector (multi-label: positives per finding).
+    """
+    if not items:
+        raise BundleError(f"{where}: the training data list is empty")
+    labels = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping) or label_key not in item:
+            raise BundleError(f"{where}: item {i} has no {label_key!r} (label_key names the label field)")
+        labels.append(item[label_key])
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in labels):
+        if num_classes is None:
+            raise BundleError(f"{where}: labels are class indices: pass num_classes (the number of classes)")
+        index = np.asarray(labels, dtype=np.int64)
+        bad = np.flatnonzero((index < 0) | (index >= num_classes))
+        if bad.size:
+            raise BundleError(
+                f"{where}: item {int(bad[0])} has label {int(index[bad[0]])}, not a class 0..{num_classes - 1}"
+            )
+        return np.bincount(index, minlength=num_classes).astype(np.int64)
+    try:
+        hot = np.asarray(labels, dtype=np.float64)
+    except (TypeError, ValueError):
+        hot = np.empty(0)
+    if hot.ndim != 2 or not np.isin(hot, (0.0, 1.0)).all():
+        raise BundleError(
+            f"{where}: {label_key!r} must be a class index in every item or a 0/1 vector of one length in every item"
+        )
+    if num_classes is not None and hot.shape[1] != num_classes:
+        raise BundleError(f"{where}: labels have {hot.shape[1]} entries, num_classes is {num_classes}")
+    return hot.sum(axis=0).round().astype(np.int64)
+
+
+def parse_overrides(pairs: Sequence[str], site_name: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as bundle config overrides: VALUE read as JSON when it parses, else a
+    string; ``{site}`` in a string becomes ``site_name``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise BundleError(f"override {pair!r}: expected KEY=VALUE (a bundle config id and its value)")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        out[key] = value.replace("{site}", site_name) if isinstance(value, str) else value
+    return out
+
+
+def site_overrides(site_name: str) -> dict[str, Any]:
+    """The site-local overrides of the JSON file named by ``FEDWEIGH_BUNDLE_OVERRIDES`` (none if unset)."""
+    path = os.environ.get(SITE_OVERRIDES_ENV)
+    if not path:
+        return {}
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BundleError(f"{SITE_OVERRIDES_ENV}={path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise BundleError(f"{SITE_OVERRIDES_ENV}={path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise BundleError(f"{SITE_OVERRIDES_ENV}={path}: must hold a JSON object of config id -> value")
+    return {k: v.replace("{site}", site_name) if isinstance(v, str) else v for k, v in raw.items()}
+
+
+class _ProximalLoss(torch.nn.Module):
+    """The bundle's loss plus FedProx's (mu / 2) ||theta - theta_g||^2."""
+
+    def __init__(self, loss: Any, prox) -> None:
+        super().__init__()
+        self.loss = loss
+        self.prox = prox
+
+    def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss(prediction, target) + self.prox()
+
+
+class BundleSite:
+    """One site's bundle run by ``MonaiAlgo``: train a round, evaluate, count labels.
+
+    Args:
+        bundle_root: the bundle folder (with ``configs/``).
+        site_name: the site (MONAI's client name).
+        local_epochs: epochs of the bundle's trainer per round.
+        train_config: the training config, relative to the bundle root.
+        eval_config: the evaluation config (read on top of the training config, as MonaiAlgo does);
+            None: no evaluation.
+        overrides: bundle config overrides (config id -> value) for training and evaluation.
+        label_key: the label field of the training data list's items.
+        num_classes: the number of classes, for labels that are class indices.
+    """
+
+    def __init__(
+        self,
+        bundle_root: str | Path,
+        site_name: str,
+        *,
+        local_epochs: int = 1,
+        train_config: str = DEFAULT_TRAIN_CONFIG,
+        eval_config: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        label_key: str = "label",
+        num_classes: int | None = None,
+    ) -> None:
+        from monai.fl.client import MonaiAlgo
+        from monai.fl.utils.constants import ExtraItems
+
+        root = Path(bundle_root).resolve()
+        for config in (train_config, eval_config):
+            if config is not None and not (root / config).is_file():
+                raise BundleError(f"{root / config}: no such bundle config")
+        if isinstance(local_epochs, bool) or not isinstance(local_epochs, int) or local_epochs < 1:
+            raise BundleError(f"local_epochs must be an integer >= 1, got {local_epochs!r}")
+        self.site_name = site_name
+        self.label_key = label_key
+        self.num_classes = num_classes
+        self.where = f"{root / train_config} at {site_name}"
+        self.algo = MonaiAlgo(
+            bundle_root=str(root),
+            local_epochs=local_epochs,
+            send_weight_diff=False,
+            config_train_filename=train_config,
+            train_kwargs=dict(overrides or {}),
+            config_evaluate_filename=None if eval_config is None else [train_config, eval_config],
+            eval_kwargs=dict(overrides or {}),
+        )
+        self.algo.initialize(extra={ExtraItems.CLIENT_NAME: site_name})
+        self.trainer = self.algo.trainer
+        self.bundle_loss = self.trainer.loss_function
+        self._class_counts: np.ndarray | None = None
+
+    @property
+    def train_items(self) -> Sequence[Any]:
+        """The items of the trainer's dataset (MONAI datasets keep their data list as ``.data``)."""
+        dataset = self.trainer.data_loader.dataset
+        items = getattr(dataset, "data", None)
+        if items is None:
+            raise BundleError(
+                f"{self.where}: the training dataset ({type(dataset).__name__}) has no data list (.data); "
+                "use a MONAI Dataset / CacheDataset over a list of dicts"
+            )
+        return items
+
+    @property
+    def num_samples(self) -> int:
+        """N_k: the size of the bundle's training dataset."""
+        return len(self.trainer.data_loader.dataset)
+
+    @property
+    def class_counts(self) -> np.ndarray:
+        """Per-class label counts of the training data list (read once)."""
+        if self._class_counts is None:
+            self._class_counts = label_counts(self.train_items, self.label_key, self.num_classes, self.where)
+        return self._class_counts
+
+    def train_round(
+        self, global_params: Mapping[str, Any], fedprox_mu: float = 0.0
+    ) -> tuple[dict[str, torch.Tensor], int]:
+        """Train the bundle from ``global_params`` for one round; (full local model, iterations run)."""
+        from monai.fl.utils.constants import FlStatistics, WeightType
+        from monai.fl.utils.exchange_object import ExchangeObject
+
+        weights = {k: torch.as_tensor(np.asarray(v)) for k, v in global_params.items()}
+        if fedprox_mu > 0:
+            self.trainer.loss_function = _ProximalLoss(
+                self.bundle_loss, fedprox_term(self.trainer.network, weights, fedprox_mu)
+            )
+        else:
+            self.trainer.loss_function = self.bundle_loss
+        self.algo.train(ExchangeObject(weights=weights, weight_type=WeightType.WEIGHTS))
+        out = self.algo.get_weights()
+        steps = int(out.statistics[FlStatistics.NUM_EXECUTED_ITERATIONS])
+        return dict(out.weights), steps
+
+    def evaluate(self, global_params: Mapping[str, Any]) -> dict[str, float]:
+        """The evaluation config's metrics of ``global_params`` ({} without an evaluation config)."""
+        from monai.fl.utils.constants import WeightType
+        from monai.fl.utils.exchange_object import ExchangeObject
+
+        if self.algo.evaluator is None:
+            return {}
+        weights = {k: torch.as_tensor(np.asarray(v)) for k, v in global_params.items()}
+        out = self.algo.evaluate(ExchangeObject(weights=weights, weight_type=WeightType.WEIGHTS))
+        return {str(k): float(v) for k, v in (out.metrics or {}).items() if np.isscalar(v)}
+
+    def finalize(self) -> None:
+        self.algo.finalize()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The arguments of the bundle client script (the job's ``train_args``)."""
+    p = argparse.ArgumentParser(description="a MONAI Bundle as a fedweigh site's training")
+    p.add_argument("--bundle-root", required=True, help="bundle folder (relative: to the script's folder)")
+    p.add_argument("--train-config", default=DEFAULT_TRAIN_CONFIG)
+    p.add_argument("--eval-config", default=None, help="evaluation config (default: none)")
+    p.add_argument("--local-epochs", type=int, default=1)
+    p.add_argument("--label-key", default="label")
+    p.add_argument("--num-classes", type=int, default=None)
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+    return p.parse_args(argv)
+
+
+def _resolve_root(bundle_root: str, script_dir: Path) -> Path:
+    """The bundle folder: an absolute path, or one relative to the script's folder or a folder above it
+    up to the app's ``custom/`` folder (where the recipe ships it), or to the working directory."""
+    root = Path(bundle_root)
+    if root.is_absolute():
+        return root
+    bases = [script_dir]
+    for parent in script_dir.parents:
+        if script_dir.name == "custom":
+            break
+        bases.append(parent)
+        if parent.name == "custom":
+            break
+    bases.append(Path.cwd())
+    for base in bases:
+        if (base / root).is_dir():
+            return base / root
+    raise BundleError(f"bundle {bundle_root!r} not found in {', '.join(map(str, bases))}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The Client API loop: statistics, train and evaluation tasks answered by the bundle."""
+    logging.basicConfig(level=logging.INFO)
+    args = parse_args(argv)
+    flare.init()
+    site_name = flare.get_site_name()
+    overrides = {**parse_overrides(args.override, site_name), **site_overrides(site_name)}
+    site = BundleSite(
+        _resolve_root(args.bundle_root, Path(sys.argv[0]).resolve().parent),
+        site_name,
+        local_epochs=args.local_epochs,
+        train_config=args.train_config,
+        eval_config=args.eval_config,
+        overrides=overrides,
+        label_key=args.label_key,
+        num_classes=args.num_classes,
+    )
+    logger.info("%s: bundle %s, %d training items", site_name, args.bundle_root, site.num_samples)
+    try:
+        while flare.is_running():
+            received = flare.receive()
+            if received is None:
+                break
+            if is_statistics_task():
+                flare.send(answer_statistics(received, site.class_counts, site.num_samples))
+                continue
+            if flare.get_task_name() != TASK_TRAIN:  # evaluation of the global model
+                metrics = site.evaluate(received.params or {})
+                flare.send(FLModel(metrics=metrics, meta={META_NUM_SAMPLES: site.num_samples}))
+                continue
+            plan = plan_of(received)
+            mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
+            params, steps = site.train_round(received.params, mu)
+            needs_counts = bool(plan.get("scalars"))
+            flare.send(
+                FLModel(
+                    params=params,
+                    params_type=ParamsType.FULL,
+                    metrics=site.evaluate(params),
+                    meta=result_meta(
+                        received,
+                        num_samples=site.num_samples,
+                        num_steps=steps,
+                        class_counts=site.class_counts if needs_counts else None,
+                        params=params,
+                        global_stats=global_statistics(),
+                    ),
+                )
+            )
+    finally:
+        site.finalize()
+
+
+class MonaiBundleRecipe(MethodRecipe):
+    """A fedweigh method with a MONAI Bundle as every site's training (module docstring).
+
+    Args:
+        bundle_root: the bundle folder on this machine (shipped in the job).
+        method: catalogue method whose weighting scheme the server runs (``fedavg``, ``feddraw``,
+            ``fedbb``, ``dafl``, ...); the sites train with the bundle's own loss.
+        model: the global model; default: the bundle's ``network_def`` (:func:`bundle_model`), which
+            the server builds with fresh weights (``initial_ckpt`` names weights to start from).
+        local_epochs: epochs of the bundle's trainer per round.
+        train_config, eval_config: the bundle's configs (relative to its root); eval_config None:
+            ``configs/evaluate.json`` when the bundle has one, else no evaluation.
+        overrides: bundle config overrides at every site; ``{site}`` in a string value becomes the
+            site's name. Values must not contain spaces (they travel as command-line arguments).
+        label_key: the label field of the training data list's items.
+        num_classes: the number of classes, when labels are class indices and the scheme counts them.
+        Other keywords: as :class:`MethodRecipe` (``num_rounds``, ``min_clients``, ``scheme_args``, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        bundle_root: str | Path,
+        method: str = "fedavg",
+        name: str | None = None,
+        model: Any = None,
+        local_epochs: int = 1,
+        train_config: str = DEFAULT_TRAIN_CONFIG,
+        eval_config: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        label_key: str = "label",
+        num_classes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        root = Path(bundle_root).resolve()
+        where = f"recipe {name or method!r}"
+        if not (root / train_config).is_file():
+            raise ConfigError(where, "bundle_root", str(bundle_root), f"a bundle folder with {train_config}")
+        if eval_config is None and (root / DEFAULT_EVAL_CONFIG).is_file():
+            eval_config = DEFAULT_EVAL_CONFIG
+        if eval_config is not None and not (root / eval_config).is_file():
+            raise ConfigError(where, "eval_config", eval_config, f"a config file under {root}")
+        if isinstance(local_epochs, bool) or not isinstance(local_epochs, int) or local_epochs < 1:
+            raise ConfigError(where, "local_epochs", local_epochs, "an integer >= 1")
+        argv = [f"--bundle-root {root.name}", f"--train-config {train_config}"]
+        argv += [f"--local-epochs {local_epochs}", f"--label-key {label_key}"]
+        if eval_config is not None:
+            argv.append(f"--eval-config {eval_config}")
+        if num_classes is not None:
+            argv.append(f"--num-classes {int(num_classes)}")
+        for key, value in (overrides or {}).items():
+            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+            if any(c.isspace() for c in f"{key}{text}"):
+                raise ConfigError(where, f"overrides[{key!r}]", value, "a value without spaces")
+            argv.append(f"--override {key}={text}")
+        if model is None:
+            model = bundle_model(root, train_config)
+        super().__init__(
+            method=method,
+            name=name,
+            model=model,
+            train_script=BUNDLE_CLIENT_SCRIPT,
+            train_args=" ".join(argv),
+            **kwargs,
+        )
+        self._job.add_file_to(str(root), ALL_SITES, dest_dir=root.name)  # custom/<bundle name>/
+        # MONAI runs the bundle at every site, so it is installed there: the job refers to the network's
+        # class instead of carrying MONAI's source (and what it imports) in custom/
+        installed = ["monai"] if kwargs.get("bundle") else ["fedweigh", "monai"]
+        self._job.set_app_packages(installed)
+
+
+__all__ = [
+    "BUNDLE_CLIENT_SCRIPT",
+    "BundleError",
+    "BundleSite",
+    "MonaiBundleRecipe",
+    "bundle_model",
+    "bundle_network",
+    "label_counts",
+    "main",
+    "parse_overrides",
+]
