@@ -24,6 +24,8 @@ rerun with the same settings. The table printed last is what the JSON holds, one
     PYTHONPATH=custom .venv/bin/python benchmarks/feddraw_sensitivity.py --out feddraw-sensitivity
     PYTHONPATH=custom .venv/bin/python benchmarks/feddraw_sensitivity.py --out /tmp/fs --rounds 2 \\
         --seeds 0 --scenarios quantity-shift --max-steps 2 --num-images 240     # a smoke-size check
+    PYTHONPATH=custom .venv/bin/python benchmarks/feddraw_sensitivity.py \
+        --markdown docs/results/feddraw-sensitivity/feddraw_sensitivity.json        # the docs' table
 """
 
 from __future__ import annotations
@@ -77,6 +79,38 @@ def final_auc(record: dict) -> float:
     raise ValueError(f"cell {record['key']} has no test AUC")
 
 
+def markdown_table(payload: dict) -> str:
+    """The study as a markdown table (docs/methods.md quotes it): per variant the mean test AUC, the
+    mean per scenario, the cells (scenario, seed) where it beats FedAvg, and the smallest site's mean
+    and largest weight share next to its data share; rows by mean AUC."""
+    variants = payload["variants"]
+    scenarios = payload["scenarios"]
+    fedavg = variants.get("fedavg")
+    header = [
+        "variant",
+        "mean AUC",
+        *scenarios,
+        "cells above FedAvg",
+        "smallest site: mean / largest share (data)",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, v in sorted(variants.items(), key=lambda kv: -kv[1]["mean_auc"]):
+        per = [f"{statistics.fmean(v['auc'][sc].values()):.4f}" for sc in scenarios]
+        if fedavg is None or method == "fedavg":
+            wins = "-"
+        else:
+            pairs = [
+                (v["auc"][sc][seed], fedavg["auc"][sc][seed]) for sc in scenarios for seed in v["auc"][sc]
+            ]
+            wins = f"{sum(a > b for a, b in pairs)} of {len(pairs)}"
+        share = (
+            f"{v['smallest_site_mean_share']:.3f} / {v['smallest_site_max_share']:.3f} "
+            f"({v['smallest_site_data_share']:.3f})"
+        )
+        lines.append(f"| `{method}` | {v['mean_auc']:.4f} | " + " | ".join(per) + f" | {wins} | {share} |")
+    return "\n".join(lines)
+
+
 def summarise(config, out: Path) -> dict:
     """Per variant: AUC per scenario and seed, their mean, and the smallest site's weight shares."""
     cells_dir = out / CELLS_DIR
@@ -107,7 +141,8 @@ def summarise(config, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="output folder (cells are reused by a rerun)")
+    p.add_argument("--out", help="output folder (cells are reused by a rerun)")
+    p.add_argument("--markdown", metavar="JSON", help="print the markdown table of a study's JSON and exit")
     p.add_argument("--dataset", default="synthcxr")
     p.add_argument(
         "--safeguards",
@@ -130,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         "--json", default=None, help="where to write the JSON (default OUT/feddraw_sensitivity.json)"
     )
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown_table(json.loads(Path(args.markdown).read_text())))
+        return 0
+    if not args.out:
+        p.error("--out is required")
 
     config = make_config(
         args.profile,
