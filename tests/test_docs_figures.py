@@ -39,3 +39,32 @@ def test_engine_figures_in_bench_md_come_from_the_engine_benchmark(engine: dict)
     # the landed arithmetic must reproduce the landed engine's metrics exactly
     assert same["test_auc"] == landed["test_auc"]
     assert same["test_loss"] == landed["test_loss"]
+
+
+def _sensitivity_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "feddraw_sensitivity", ROOT / "benchmarks/feddraw_sensitivity.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_feddraw_study_in_methods_md_comes_from_its_json():
+    study = json.loads((ROOT / "docs/results/feddraw-sensitivity/feddraw_sensitivity.json").read_text())
+    doc = (ROOT / "docs/methods.md").read_text()
+    assert _sensitivity_module().markdown_table(study) in doc
+    v = study["variants"]
+    best = v["feddraw:similarity=direction,spread=softmax,prior_factor=2"]
+    literal, fedavg = v["feddraw"], v["fedavg"]
+    expected = [
+        f"(+{best['mean_auc'] - literal['mean_auc']:.3f} over the literal reading, "
+        f"+{best['mean_auc'] - fedavg['mean_auc']:.3f} over",
+        f"share (0.{round(best['smallest_site_mean_share'] * 1000):03d} against "
+        f"{best['smallest_site_data_share']:.3f}; the literal reading gave it {literal['smallest_site_mean_share']:.3f})",
+        f"Its largest share, {best['smallest_site_max_share']:.3f}",
+    ]
+    missing = [line for line in expected if line not in doc]
+    assert not missing, missing

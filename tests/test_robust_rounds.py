@@ -151,19 +151,21 @@ def test_plaintext_feddraw_computes_the_similarity_itself():
     g = g0()
     sites = {s: honest(s, g) for s in SITES}
     sites["site-4"] = {"w": (g["w"] - 0.05).astype(np.float32), "n": g["n"] + 2}  # least similar
+    # the parameter cosine, spread by min-max (the literal reading), where a forged 1.0 would matter most
+    literal = {"beta_max": 2.0, "similarity": "params", "spread": "minmax", "prior_factor": None}
     weights = []
     for forged in (False, True):
         reports = [
             ClientReport(s, 100, 2, {"similarity": 1.0} if forged and s == "site-4" else {}, p)
             for s, p in sites.items()
         ]
-        weights.append(get_scheme("feddraw", beta_max=2.0).weights(reports, g, 3, 4))
+        weights.append(get_scheme("feddraw", **literal).weights(reports, g, 3, 4))
         results = [
             result(s, p, scalars={"similarity": 1.0} if forged and s == "site-4" else {})
             for s, p in sites.items()
         ]
         step = RoundStep(
-            get_scheme("feddraw", beta_max=2.0),
+            get_scheme("feddraw", **literal),
             PlaintextBackend(g),
             num_rounds=4,
             max_share=None,

@@ -72,7 +72,7 @@ def test_plan_and_metric_means():
         return RoundStep(get_scheme(name, **options), PlaintextBackend({}), num_rounds=1).plan(name, options)
 
     fedprox = plan("fedprox")
-    assert fedprox["fedprox_mu"] == pytest.approx(0.001) and fedprox["scalars"] == []
+    assert fedprox["fedprox_mu"] == pytest.approx(0.01) and fedprox["scalars"] == []
     assert plan("cbr", gamma=1.0)["scalars"] == ["skew"]
     assert mean_metrics([{"a": 1.0, "b": float("nan")}, {"a": 3.0}]) == {"a": 2.0}
 

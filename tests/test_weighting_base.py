@@ -72,9 +72,10 @@ def test_unknown_option_names_the_options():
 def test_declarations():
     assert not get_scheme("ida").he_compatible
     assert not get_scheme("fedawa").he_compatible
-    assert get_scheme("feddisco").needs_global_histogram
+    assert get_scheme("feddisco", target="global").needs_global_histogram
+    assert not get_scheme("feddisco").needs_global_histogram  # uniform target: no histogram
     assert get_scheme("cbr").required_scalars == ("skew",)
-    assert get_scheme("fedprox").client_mu == 0.001
+    assert get_scheme("fedprox").client_mu == 0.01
     assert get_scheme("fedprox", client_mu=0.01).client_mu == 0.01
 
 

@@ -2,12 +2,32 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedweigh.weighting import ClientReport, FedDRAWWeights, get_scheme
+from fedweigh.weighting import ClientReport, get_scheme
+from fedweigh.weighting import FedDRAWWeights as _FedDRAWWeights
 from fedweigh.weighting.feddraw import bound_by_prior, softmax_spread, spread_similarity, tempered_weights
+
+#: The abstract's literal reading, which the hand-computed cases below are written for; the defaults
+#: (direction, softmax, prior_factor 2) come from the sensitivity study and are checked on their own.
+LITERAL = {"similarity": "params", "spread": "minmax", "prior_factor": None}
+
+
+def FedDRAWWeights(**options):  # noqa: N802 - the scheme under its own name, literal unless told
+    return _FedDRAWWeights(**{**LITERAL, **options})
+
+
+def test_defaults_are_the_sensitivity_studys_best_variant():
+    scheme = _FedDRAWWeights()
+    assert (scheme.similarity, scheme.spread, scheme.prior_factor) == ("direction", "softmax", 2.0)
+    assert scheme.he_compatible  # each site can compute the direction similarity itself
+    study_file = Path(__file__).parents[1] / "docs/results/feddraw-sensitivity/feddraw_sensitivity.json"
+    study = json.loads(study_file.read_text())
+    best = max(study["variants"], key=lambda v: study["variants"][v]["mean_auc"])
+    assert best == "feddraw:similarity=direction,spread=softmax,prior_factor=2"
 
 
 def sim_reports(sizes, sims):

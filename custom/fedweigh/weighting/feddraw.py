@@ -6,15 +6,15 @@ the cosine similarity between client and global parameters are mixed under two c
 Everything below the abstract's wording is a READING (docs/methods.md), every knob selectable:
 
     p_k      = N_k / N                                                  size prior
-    s_k      = cos(theta_k, theta_g)        (similarity="params", default)
+    s_k      = cos(theta_k, theta_g)        (similarity="params", the abstract's literal reading)
              | mean_l cos(theta_k,l, theta_g,l)                        (similarity="layer")
              | cos(Delta_k, sum_j p_j Delta_j)                         (similarity="delta")
-             | cos(Delta_k, theta_g^t - theta_g^{t-1})                 (similarity="direction")
-    s^_k     = (s_k - min s) / (max s - min s), then / sum             (spread="minmax", default)
-             | softmax_k(z_k / tau),  z = (s - mean s) / std s         (spread="softmax", tau = temperature)
+             | cos(Delta_k, theta_g^t - theta_g^{t-1})                 (similarity="direction", default)
+    s^_k     = (s_k - min s) / (max s - min s), then / sum             (spread="minmax")
+             | softmax_k(z_k / tau),  z = (s - mean s) / std s         (spread="softmax", default; tau = temperature)
              (all s equal -> 1/K in both)
     s~_k     = (1 - m) s^_k + m p_k, the smallest m in [0, 1] with
-               p_k / c <= s~_k <= c p_k for every k                    (prior_factor = c; None: s~ = s^)
+               p_k / c <= s~_k <= c p_k for every k                    (prior_factor = c, default 2; None: s~ = s^)
     lambda_t = ramp_inner((t - 1) / (T - 1))                           inner schedule, 0 -> 1
     r_k      = (1 - lambda_t) p_k + lambda_t s~_k                      reputation, sums to 1
     beta_t   = deferred_anneal(t, T, beta_max, rho, outer)             outer schedule, -> 0 at T
@@ -145,9 +145,11 @@ def tempered_weights(
 class FedDRAWWeights(ParameterGeometry, WeightingScheme):
     """Size prior and spread cosine similarity under an inner and a deferred outer schedule.
 
-    Defaults are the literal reading of the abstract (``similarity="params"``, ``spread="minmax"``,
-    no ``prior_factor``) until the sensitivity study (``benchmarks/feddraw_sensitivity.py``) fixes
-    them; docs/methods.md explains each option.
+    Defaults (``similarity="direction"``, ``spread="softmax"``, ``prior_factor=2``) are the best of
+    the multi-seed sensitivity study on the converged ``standard`` profile
+    (``benchmarks/feddraw_sensitivity.py``, docs/results/feddraw-sensitivity/); the abstract's literal
+    reading is ``similarity="params", spread="minmax", prior_factor=None``. docs/methods.md explains
+    each option.
     """
 
     name: ClassVar[str] = "feddraw"
@@ -158,10 +160,10 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
         "'layer' or 'direction', which each site computes itself"
     )
 
-    similarity: SimilarityMode = "params"
-    spread: SpreadMode = "minmax"
+    similarity: SimilarityMode = "direction"
+    spread: SpreadMode = "softmax"
     temperature: float = 1.0
-    prior_factor: float | None = None
+    prior_factor: float | None = 2.0
     inner: str = "linear"
     outer: str = "cosine"
     beta_max: float = 1.0
