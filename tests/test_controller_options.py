@@ -20,7 +20,7 @@ from fedweigh.flare.controller import FedweighController
         ({"stop_after": 9, "num_rounds": 3}, "stop_after"),
         ({"memory_gc_rounds": -1}, "memory_gc_rounds"),
         ({"memory_gc_rounds": 1.5}, "memory_gc_rounds"),
-        ({"scheme": "feddisco"}, "global label histogram"),
+        ({"scheme": "feddisco", "scheme_args": {"target": "global"}}, "global label histogram"),
     ],
 )
 def test_bad_options_are_named(options, message):

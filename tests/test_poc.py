@@ -290,8 +290,8 @@ def _weights(rows: list[dict], round_index: int) -> dict[str, float]:
 
 def _assert_feddraw_weights(rows: list[dict]) -> None:
     """FedDRAW's weights by hand: N_k / N in round 1 (lambda 0, beta 1), 1/K in the last round (beta 0), and
-    in round 2 r = (1 - lambda) p + lambda s^ tempered by beta, where s^ is the min-max spread of the
-    similarities (non-negative, summing to one, 0 for the least similar site)."""
+    in round 2 r = (1 - lambda) p + lambda s~ tempered by beta, where s~ is the spread similarity
+    bounded by the size prior (the default prior_factor c = 2: p_k / c <= s~_k <= c p_k, summing to one)."""
     total = sum(TRAIN_SIZES.values())
     p = np.array([TRAIN_SIZES[s] / total for s in HOSPITALS])
     assert _weights(rows, 1) == pytest.approx(dict(zip(HOSPITALS, p, strict=True)), abs=1e-12)
@@ -301,9 +301,10 @@ def _assert_feddraw_weights(rows: list[dict]) -> None:
     assert 0.0 < lam < 1.0 and 0.0 < beta < 1.0
     w = np.array([second["weights"][s] for s in HOSPITALS])
     r = w ** (1.0 / beta) / np.sum(w ** (1.0 / beta))
-    s_hat = (r - (1.0 - lam) * p) / lam
-    assert s_hat.min() == pytest.approx(0.0, abs=1e-9) and s_hat.sum() == pytest.approx(1.0, abs=1e-9)
-    assert s_hat.max() > 0.05  # the similarities moved the weights away from the size prior
+    s_tilde = (r - (1.0 - lam) * p) / lam
+    assert s_tilde.sum() == pytest.approx(1.0, abs=1e-9)
+    assert (s_tilde >= p / 2 - 1e-9).all() and (s_tilde <= 2 * p + 1e-9).all()
+    assert np.max(np.abs(s_tilde - p)) > 0.01  # the similarities moved the weights away from the size prior
     assert np.max(np.abs(w - p)) > 1e-3 and np.max(np.abs(w - 1 / 3)) > 1e-3
 
 
