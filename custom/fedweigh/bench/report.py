@@ -307,9 +307,57 @@ def _signed(x: float | None) -> str:
     return "-" if x is None else f"{x:+.4f}"
 
 
+def effect_scenario_table(summary: dict, scenario: str) -> str:
+    """One scenario's effects against FedAvg: method | effect | 95% interval | excludes 0."""
+    rows = []
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        e = by_scenario.get(scenario)
+        if e is None:
+            rows.append([method, "-", "-", "-"])
+            continue
+        excludes = "yes" if e["ci_low"] > 0 or e["ci_high"] < 0 else "no"
+        interval = f"[{_signed(e['ci_low'])}, {_signed(e['ci_high'])}]"
+        rows.append([method, _signed(e["mean"]), interval, excludes])
+    return markdown_table(["method", "effect", "95% interval", "excludes 0"], rows)
+
+
+def within_noise_floor_line(summary: dict, scenario: str) -> str | None:
+    """The line naming the scenario's effects with |effect| < noise floor; None without a noise floor."""
+    floor = summary["noise_floor_auc"]
+    if floor is None:
+        return None
+    within = [
+        m
+        for m, by_scenario in summary["effect_vs_fedavg"].items()
+        if by_scenario.get(scenario) is not None and abs(by_scenario[scenario]["mean"]) < floor
+    ]
+    if not within:
+        return f"- no effect lies within the noise floor ({floor:.4f})"
+    return f"- within the noise floor (|effect| < {floor:.4f}): {', '.join(within)}"
+
+
+def effect_overview_table(summary: dict) -> str:
+    """Per method: mean effect over scenarios, scenarios above FedAvg, Wilcoxon-Holm p, plateau fraction."""
+    pvalues, plateau = summary["wilcoxon_holm_p_auc"], summary["plateau_reached"]
+    rows = []
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        means = [e["mean"] for e in by_scenario.values() if e is not None]
+        rows.append(
+            [
+                method,
+                _signed(float(np.mean(means))) if means else "-",
+                f"{sum(x > 0 for x in means)} of {len(means)}",
+                _fmt(pvalues.get(method)) if method in pvalues else "not tested",
+                _fmt(plateau.get(method), 2),
+            ]
+        )
+    header = ["method", "mean effect", "scenarios above FedAvg", "Wilcoxon p (Holm)", "plateau reached"]
+    return markdown_table(header, rows)
+
+
 def effect_tables(summary: dict) -> list[str]:
     """report.md's effects against FedAvg, from summary.json alone: per scenario the effect on test AUC
-    with its bootstrap interval, a line naming the effects within the noise floor, and per method the
+    with its bootstrap interval and a line naming the effects within the noise floor; per method the
     Wilcoxon-Holm p and the plateau fraction."""
     effects, floor = summary["effect_vs_fedavg"], summary["noise_floor_auc"]
     notes = summary["stats_notes"]
@@ -328,50 +376,15 @@ def effect_tables(summary: dict) -> list[str]:
         "",
     ]
     for scenario in summary["scenarios"]:
-        rows, within = [], []
-        for method, by_scenario in effects.items():
-            e = by_scenario.get(scenario)
-            if e is None:
-                rows.append([method, "-", "-", "-"])
-                continue
-            excludes = "yes" if e["ci_low"] > 0 or e["ci_high"] < 0 else "no"
-            rows.append(
-                [method, _signed(e["mean"]), f"[{_signed(e['ci_low'])}, {_signed(e['ci_high'])}]", excludes]
-            )
-            if floor is not None and abs(e["mean"]) < floor:
-                within.append(method)
-        lines += [
-            f"### {scenario}",
-            "",
-            markdown_table(["method", "effect", "95% interval", "excludes 0"], rows),
-            "",
-        ]
-        if floor is not None:
-            lines += [
-                f"- within the noise floor (|effect| < {floor:.4f}): {', '.join(within)}"
-                if within
-                else f"- no effect lies within the noise floor ({floor:.4f})",
-                "",
-            ]
-    pvalues, plateau = summary["wilcoxon_holm_p_auc"], summary["plateau_reached"]
-    rows = []
-    for method, by_scenario in effects.items():
-        means = [e["mean"] for e in by_scenario.values() if e is not None]
-        rows.append(
-            [
-                method,
-                _signed(float(np.mean(means))) if means else "-",
-                f"{sum(x > 0 for x in means)} of {len(means)}",
-                _fmt(pvalues.get(method)) if method in pvalues else "not tested",
-                _fmt(plateau.get(method), 2),
-            ]
-        )
+        lines += [f"### {scenario}", "", effect_scenario_table(summary, scenario), ""]
+        line = within_noise_floor_line(summary, scenario)
+        if line is not None:
+            lines += [line, ""]
+    plateau = summary["plateau_reached"]
     lines += [
         "### Across scenarios",
         "",
-        markdown_table(
-            ["method", "mean effect", "scenarios above FedAvg", "Wilcoxon p (Holm)", "plateau reached"], rows
-        ),
+        effect_overview_table(summary),
         "",
         f"Plateau reached: fraction of the method's cells whose test AUC gained less than "
         f"{summary['plateau_tolerance_auc']:.4f} over the last third of the rounds (FedAvg: "
