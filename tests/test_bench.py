@@ -14,8 +14,10 @@ from figures import assert_weights_plot, captured_figures, lines
 from scipy.stats import friedmanchisquare, rankdata
 
 from fedweigh.bench import make_config, parse_method, run_bench, run_cell
+from fedweigh.bench.cells import cell_key, load_cell_scores
 from fedweigh.bench.cli import add_bench_parser, main_bench
 from fedweigh.bench.curves import macro_roc, net_benefit
+from fedweigh.bench.effects import PLATEAU_TOL_AUC
 from fedweigh.bench.report import RESULT_COLUMNS, SUMMARY_KEYS
 from fedweigh.bench.runner import (
     CELLS_DIR,
@@ -27,7 +29,15 @@ from fedweigh.bench.runner import (
     pool_sites,
     settings_hash,
 )
-from fedweigh.bench.stats import average_ranks, compare, friedman_p, nemenyi_cd, nemenyi_pvalues
+from fedweigh.bench.stats import (
+    average_ranks,
+    compare,
+    friedman_p,
+    holm,
+    nemenyi_cd,
+    nemenyi_pvalues,
+    wilcoxon_p,
+)
 from fedweigh.metrics import geometric_mean, macro_auc, youden_thresholds
 from fedweigh.models import build_model
 from fedweigh.train import get_params, predict
@@ -72,6 +82,48 @@ def test_smoke_summary_has_exactly_the_documented_keys(smoke):
     assert summary["nemenyi_cd_gm"] == summary["nemenyi_cd_auc"]
     assert summary["wall_seconds"] > 0
     assert result.trained == 8 and result.skipped == 0
+
+
+def test_smoke_summary_reports_effects_against_fedavg(smoke):
+    """Effects, Wilcoxon-Holm, plateau and GM at 0.5 of the smoke run, against its recorded metrics."""
+    config, result, out = smoke
+    summary = result.summary
+    final = _final(pd.read_csv(out / "results.csv"), config.rounds).set_index(["scenario", "method"])
+    assert set(summary["effect_vs_fedavg"]) == {"feddraw", "fedbb", "centralized"}
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        for scenario in config.scenarios:
+            effect = by_scenario[scenario]
+            recorded = final.loc[(scenario, method), "auc"] - final.loc[(scenario, "fedavg"), "auc"]
+            assert effect["mean"] == pytest.approx(recorded, abs=1e-5)
+            same = np.array_equal(
+                load_cell_scores(out / CELLS_DIR, cell_key(scenario, method, 0))[0],
+                load_cell_scores(out / CELLS_DIR, cell_key(scenario, "fedavg", 0))[0],
+            )
+            # FedDRAW ends its two smoke rounds on uniform weights: on iid-4 it is FedAvg
+            assert (
+                (effect["ci_low"] == effect["ci_high"] == 0.0)
+                if same
+                else effect["ci_low"] < effect["ci_high"]
+            )
+    raw = {
+        m: wilcoxon_p([summary["effect_vs_fedavg"][m][sc]["mean"] for sc in config.scenarios])
+        for m in ("feddraw", "fedbb")
+    }
+    assert summary["wilcoxon_holm_p_auc"] == pytest.approx(holm(raw))
+    # one seed: no noise floor (the notes say why), so the plateau uses the fixed tolerance
+    assert summary["noise_floor_auc"] is None and "noise_floor_auc" in summary["stats_notes"]
+    assert summary["plateau_tolerance_auc"] == PLATEAU_TOL_AUC
+    results = pd.read_csv(out / "results.csv").set_index(["scenario", "method", "round"])["auc"]
+    for m in config.methods:  # T = 2, every round scored: AUC(2) - AUC(1) < tol
+        gains = [results[(sc, m, 2)] - results[(sc, m, 1)] for sc in config.scenarios]
+        assert summary["plateau_reached"][m] == pytest.approx(np.mean([g < PLATEAU_TOL_AUC for g in gains]))
+    # threshold 0.5: GM at 0.5 from the stored predictions is the recorded GM
+    assert summary["mean_gm_05"] == pytest.approx(summary["mean_gm"], abs=1e-6)
+    report = (out / "report.md").read_text()
+    assert (
+        "## Test AUC against FedAvg" in report
+        and "noise_floor_auc is null: needs at least two seeds" in report
+    )
 
 
 def test_smoke_results_csv_rows_and_invariants(smoke):

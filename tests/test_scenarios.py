@@ -24,7 +24,14 @@ from fedweigh.data import (
     site_label_divergence,
     site_profile,
 )
-from fedweigh.data.scenarios import _largest_remainder, min_site_size
+from fedweigh.data.scenarios import (
+    SiteLabels,
+    _largest_remainder,
+    domain_shares,
+    flip_labels,
+    min_site_size,
+)
+from fedweigh.data.shift import degraded_profile
 from fedweigh.data.synthcxr import sample_synthcxr_labels
 
 
@@ -48,13 +55,13 @@ def cxr_labels() -> np.ndarray:
 # ------------------------------------------------------------------------------------------ catalogue
 
 
-def test_catalogue_has_twelve_named_scenarios():
-    assert len(SCENARIOS) == 12 and len(list_scenarios()) == 12
+def test_catalogue_has_fifteen_named_scenarios():
+    assert len(SCENARIOS) == 15 and len(list_scenarios()) == 15
     names = [s.name for s in list_scenarios()]
-    assert len(set(names)) == 12 and all(re.fullmatch(r"[a-z0-9.]+(-[a-z0-9.]+)*", n) for n in names)
+    assert len(set(names)) == 15 and all(re.fullmatch(r"[a-z0-9.]+(-[a-z0-9.]+)*", n) for n in names)
     assert {s.num_sites for s in list_scenarios()} == {4, 8, 50}
-    assert {s.partition for s in list_scenarios()} == {"iid", "quantity", "label", "quantity+label"}
-    assert sum(s.shift > 0 for s in list_scenarios()) >= 3
+    assert {s.partition for s in list_scenarios()} == {"iid", "quantity", "label", "quantity+label", "sites"}
+    assert sum(s.has_shift for s in list_scenarios()) == 4
     many = get_scenario("many-50")
     assert many.num_sites == 50 and many.sample_fraction == 0.1
     assert get_scenario("iid-4").site_names == ["site-1", "site-2", "site-3", "site-4"]
@@ -85,7 +92,7 @@ def test_scenario_validation(kwargs, problem):
 
 def test_scenario_table_has_one_line_per_scenario():
     lines = scenario_table().splitlines()
-    assert len(lines) == 13 and lines[0].split()[:3] == ["name", "sites", "partition"]
+    assert len(lines) == 16 and lines[0].split()[:3] == ["name", "sites", "partition"]
     many = next(line for line in lines if line.startswith("many-50"))
     assert many.split()[:6] == ["many-50", "50", "quantity+label", "0.5", "1", "0"] and "10% (5)" in many
 
@@ -312,3 +319,124 @@ def test_real_format_federations(tmp_path):
     assert sum(len(s.train) + len(s.val) for s in fed.sites) == 16 and len(fed.test) == 4
     with pytest.raises(ValueError, match="pass --data-path"):
         build_federation("iid-4", "chexpert")
+
+
+# ------------------------------------------------------------------ per-site heterogeneity (sites partition)
+
+
+def test_removed_scenario_says_why_and_where_it_went():
+    with pytest.raises(KeyError, match="label-shift.*label-a0.5's.*examples/scenarios/label-shift.yaml"):
+        get_scenario("label-shift")
+
+
+def test_flip_labels_keeps_the_histogram_and_flips_the_stated_fraction():
+    rng = np.random.default_rng(0)
+    labels = (rng.random((400, 3)) < [0.5, 0.1, 0.02]).astype(np.float32)
+    labels[0, 0] = np.nan
+    flipped = flip_labels(labels, "multilabel", 0.3, np.random.default_rng(1), 3)
+    np.testing.assert_array_equal(np.nansum(flipped, axis=0), np.nansum(labels, axis=0))  # histogram kept
+    assert np.isnan(flipped[0, 0])
+    for c in range(3):
+        positives = np.flatnonzero(labels[:, c] == 1)
+        assert int((flipped[positives, c] == 0).sum()) == round(0.3 * len(positives))
+    digits = np.arange(100) % 10
+    noisy = flip_labels(digits, "multiclass", 0.25, np.random.default_rng(1), 10)
+    assert int((noisy != digits).sum()) == 25 and noisy.min() >= 0 and noisy.max() <= 9
+
+
+def test_noisy_large_flips_site1_training_labels_only():
+    fed = build_federation("noisy-large", num_images=600, size=28, seed=0)
+    pool, _ = load_pool("synthcxr", num_images=600, size=28, seed=0)
+    row_of = {image.tobytes(): i for i, image in enumerate(pool.images)}
+    parts = partition_indices(pool.labels, pool.task, get_scenario("noisy-large"), 0, pool.class_names)
+    assert [len(p) for p in parts] == [330, 90, 90, 90]  # 55 / 15 / 15 / 15 % of 600
+    for k, site in enumerate(fed.sites):
+        for split in (site.train, site.val):
+            clean = pool.labels[[row_of[image.tobytes()] for image in split.images]]
+            wrong = (split.labels != clean).sum(axis=0)
+            if k == 0 and split is site.train:  # per finding: round(0.3 P_c) positives and as many negatives
+                np.testing.assert_array_equal(wrong, 2 * np.round(0.3 * clean.sum(axis=0)))
+                np.testing.assert_array_equal(split.labels.sum(axis=0), clean.sum(axis=0))
+                assert wrong.sum() > 0 and split.meta["label_noise"] == 0.3
+            else:  # validation labels and the other sites stay clean
+                assert wrong.sum() == 0
+
+
+def test_rare_small_site_is_richer_in_rare_findings():
+    pool, _ = load_pool("synthcxr", num_images=2000, size=28, seed=0)
+    parts = partition_indices(pool.labels, pool.task, get_scenario("rare-small"), 0, pool.class_names)
+    assert [len(p) for p in parts] == [200, 600, 600, 600]
+    groups = primary_labels(pool.labels, pool.task)
+    no_finding = pool.labels.shape[1]
+    share = [float(np.mean(groups[p] != no_finding)) for p in parts]
+    assert share[0] > 2 * max(share[1:])  # site-1: mostly rows with a finding, the others mostly none
+    rare = np.argsort(pool.labels.sum(axis=0))[:5]  # the five rarest findings
+    per_row = [pool.labels[p][:, rare].sum() / len(p) for p in parts]
+    assert per_row[0] > 2 * max(per_row[1:])
+
+
+def test_degraded_large_site_and_a_test_set_mixed_by_size():
+    fed = build_federation("degraded-large", num_images=600, size=28, seed=0, test_images=200)
+    plain = build_federation("noisy-large", num_images=600, size=28, seed=0)  # same sizes, no shift
+    assert fed.sites[0].train.images.std() < 0.75 * plain.sites[0].train.images.std()  # low contrast, blur
+    for a, b in zip(fed.sites[1:], plain.sites[1:], strict=True):
+        np.testing.assert_array_equal(a.val.images, b.val.images)  # the other sites untouched
+    np.testing.assert_array_equal(np.bincount(fed.test.domain), [110, 30, 30, 30])  # 55/15/15/15 % of 200
+    degraded = degraded_profile(1.0)
+    assert degraded.contrast < 1 and degraded.blur_sigma > 0 and degraded.noise_std > 0
+    assert fed.test.images[fed.test.domain == 0].std() < fed.test.images[fed.test.domain == 1].std()
+
+
+def test_test_mix_equal_draws_each_domain_equally_with_its_label_mix():
+    sc = get_scenario("test-mix")
+    fed = build_federation(sc, num_images=1000, size=28, seed=0, test_images=400)
+    sizes = [len(s.train) + len(s.val) for s in fed.sites]
+    assert sizes == [550, 150, 150, 150]
+    np.testing.assert_array_equal(np.bincount(fed.test.domain), [100, 100, 100, 100])
+    # each domain's test rows follow its site's label mix: the domains of the two sites with the most
+    # rows without a finding have the most such test rows (a test set drawn at random would not)
+    no_finding = fed.test.labels.shape[1]
+    site_share = [np.mean(primary_labels(s.train.labels, "multilabel") == no_finding) for s in fed.sites]
+    test_groups = primary_labels(fed.test.labels, "multilabel")
+    test_share = [np.mean(test_groups[fed.test.domain == k] == no_finding) for k in range(4)]
+    assert set(np.argsort(site_share)[-2:]) == set(np.argsort(test_share)[-2:])
+    assert max(test_share) - min(test_share) > 0.3
+    assert domain_shares(replace(sc, test_mix="sizes"), sizes).tolist() == [0.55, 0.15, 0.15, 0.15]
+
+
+def test_prevalence_label_mix_reaches_the_stated_prevalence():
+    sc = Scenario(
+        name="prev",
+        description="",
+        num_sites=2,
+        partition="sites",
+        site_counts=(200, 600),
+        site_labels=(
+            SiteLabels("prevalence", prevalence=(("cardiomegaly", 0.1), ("effusion", 0.3))),
+            SiteLabels(),
+        ),
+    )
+    pool, _ = load_pool("synthcxr", num_images=1000, size=28, seed=0)
+    parts = partition_indices(pool.labels, pool.task, sc, 0, pool.class_names)
+    assert [len(p) for p in parts] == [200, 600] and len(np.intersect1d(*parts)) == 0  # 200 rows left unused
+    prevalence = pool.labels[parts[0]].mean(axis=0)
+    assert prevalence[1] == pytest.approx(0.1, abs=0.02) and prevalence[2] == pytest.approx(0.3, abs=0.02)
+    bad = replace(sc, site_labels=(SiteLabels("prevalence", prevalence=(("nodules", 0.2),)), SiteLabels()))
+    with pytest.raises(
+        ValueError, match=r"site site-1: unknown class\(es\) \['nodules'\].*known: atelectasis"
+    ):
+        partition_indices(pool.labels, pool.task, bad, 0, pool.class_names)
+
+
+def test_test_images_sets_the_test_set_size_and_keeps_the_pool():
+    pool, test = load_pool("synthcxr", num_images=300, size=28, seed=0)
+    big_pool, big_test = load_pool("synthcxr", num_images=300, size=28, seed=0, test_images=500)
+    assert len(test) == 60 and len(big_test) == 500
+    np.testing.assert_array_equal(pool.images, big_pool.images)
+    np.testing.assert_array_equal(big_test.images[:60], test.images)  # the same patients first
+    _, few = load_pool("digits", size=8, test_images=100)
+    assert len(few) == 100
+    with pytest.raises(ValueError, match=r"test_images=5000: dataset 'digits' has only 360 test images"):
+        load_pool("digits", size=8, test_images=5000)
+    with pytest.raises(ValueError, match="test_images must be a positive integer"):
+        load_pool("digits", size=8, test_images=0)

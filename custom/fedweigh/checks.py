@@ -129,6 +129,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     check_loader_options(source, values["dataset"], values["loader_options"])
     c.integer("size", MIN_SIZE)
     c.integer("num_images", 1, optional=True)
+    c.integer("test_images", 1, optional=True)
     c.integer("seed", 0)
     c.choice("arch", ARCHITECTURES)
     c.choice("norm", NORMS)

@@ -50,6 +50,9 @@ class ClientArgs:
     loader_options: dict = field(default_factory=dict)
     size: int = 32
     num_images: int | None = None
+    #: Images in the global test set (None: the dataset's own; SynthCXR generates any number,
+    #: a loaded dataset can only keep fewer than it has).
+    test_images: int | None = None
     seed: int = 0
     arch: str = "densenet_compact"
     norm: str = "batch"
@@ -140,6 +143,7 @@ def parse_args(argv: list[str] | None = None) -> ClientArgs:
     )
     p.add_argument("--size", type=int, default=defaults.size)
     p.add_argument("--num-images", type=int, default=None)
+    p.add_argument("--test-images", type=int, default=None, help="images in the global test set")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--arch", default=defaults.arch)
     p.add_argument("--norm", default=defaults.norm)

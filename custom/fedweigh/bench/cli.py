@@ -44,6 +44,13 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument(
         "--scenarios", nargs="+", default=None, help="default: the profile's (see `fedweigh scenarios`)"
     )
+    p.add_argument(
+        "--scenario-file",
+        nargs="+",
+        default=(),
+        metavar="PATH",
+        help="your own scenario(s), JSON or YAML (docs/bench.md); run after --scenarios, or alone without it",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the profile's")
     p.add_argument(
         "--tune",
@@ -61,6 +68,12 @@ def add_bench_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     p.add_argument("--rounds", type=int, default=None, help="override the profile's number of rounds")
     p.add_argument("--num-images", type=int, default=None, help="override the profile's pool size")
+    p.add_argument(
+        "--test-images",
+        type=int,
+        default=None,
+        help="images in the global test set (default: the profile's; SynthCXR generates any number)",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="override the profile's local step cap")
     p.add_argument(
         "--arch",
@@ -222,6 +235,8 @@ def main_bench(args: argparse.Namespace) -> int:
             tune=args.tune,
             tune_scenario=args.tune_scenario,
             tune_seed=args.tune_seed,
+            scenario_files=args.scenario_file,
+            test_images=args.test_images,
         )
     except (ValueError, KeyError) as e:
         print(f"error: {e}")

@@ -19,6 +19,7 @@ import pandas as pd
 import fedweigh.bench.curves as curves
 import fedweigh.bench.plots as bp
 from fedweigh.bench.cells import CELLS_DIR, load_cell_scores
+from fedweigh.bench.effects import N_RESAMPLES, REFERENCE_METHOD, AgainstFedAvg, against_fedavg
 from fedweigh.bench.stats import Comparison, compare
 from fedweigh.methods import REFERENCE_METHODS, parse_method
 from fedweigh.plots import plot_client_weights
@@ -71,6 +72,14 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "friedman_p_gm",
     "nemenyi_cd_auc",
     "nemenyi_cd_gm",
+    "mean_gm_05",
+    "effect_vs_fedavg",
+    "wilcoxon_holm_p_auc",
+    "noise_floor_auc",
+    "plateau_reached",
+    "plateau_tolerance_auc",
+    "bootstrap_resamples",
+    "stats_notes",
     "wall_seconds",
 )
 
@@ -128,11 +137,29 @@ def compare_methods(config, results: pd.DataFrame) -> dict[str, Comparison]:
     return {m: compare(final_table(results, m, ranked, list(config.scenarios))) for m in ("auc", "gm")}
 
 
+def gm_05_table(against: AgainstFedAvg, methods: Sequence[str], scenarios: Sequence[str]) -> pd.DataFrame:
+    """Scenarios x methods: GM at threshold 0.5 of the final model(s), averaged over seeds."""
+    frame = pd.DataFrame(
+        [(sc, m, s, v) for (sc, m, s), v in against.gm_05.items()],
+        columns=["scenario", "method", "seed", "gm"],
+    )
+    table = (
+        frame.groupby(["scenario", "method"])["gm"].mean().unstack("method") if len(frame) else pd.DataFrame()
+    )
+    return table.reindex(index=list(scenarios), columns=list(methods)).astype(np.float64)
+
+
 def build_summary(
-    config, results: pd.DataFrame, comparisons: dict[str, Comparison], wall_seconds: float
+    config,
+    results: pd.DataFrame,
+    comparisons: dict[str, Comparison],
+    wall_seconds: float,
+    against: AgainstFedAvg,
+    n_resamples: int = N_RESAMPLES,
 ) -> dict:
     """summary.json's content: exactly :data:`SUMMARY_KEYS`."""
     methods, scenarios = list(config.methods), list(config.scenarios)
+    effects = against.effects
     summary = {
         "dataset": config.dataset,
         "profile": config.profile,
@@ -147,6 +174,19 @@ def build_summary(
         "friedman_p_gm": comparisons["gm"].p,
         "nemenyi_cd_auc": comparisons["auc"].cd,
         "nemenyi_cd_gm": comparisons["gm"].cd,
+        "mean_gm_05": _mean_by_method(gm_05_table(against, methods, scenarios)),
+        "effect_vs_fedavg": None
+        if effects is None
+        else {
+            m: {sc: None if e is None else e.as_dict() for sc, e in by_sc.items()}
+            for m, by_sc in effects.items()
+        },
+        "wilcoxon_holm_p_auc": against.wilcoxon_holm_p,
+        "noise_floor_auc": against.noise_floor,
+        "plateau_reached": against.plateau,
+        "plateau_tolerance_auc": float(against.plateau_tol),
+        "bootstrap_resamples": int(n_resamples),
+        "stats_notes": dict(against.notes),
         "wall_seconds": float(wall_seconds),
     }
     assert tuple(summary) == SUMMARY_KEYS
@@ -263,6 +303,97 @@ def _scenario_table(table: pd.DataFrame) -> str:
     return markdown_table(["scenario", *table.columns], rows)
 
 
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.4f}"
+
+
+def effect_scenario_table(summary: dict, scenario: str) -> str:
+    """One scenario's effects against FedAvg: method | effect | 95% interval | excludes 0."""
+    rows = []
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        e = by_scenario.get(scenario)
+        if e is None:
+            rows.append([method, "-", "-", "-"])
+            continue
+        excludes = "yes" if e["ci_low"] > 0 or e["ci_high"] < 0 else "no"
+        interval = f"[{_signed(e['ci_low'])}, {_signed(e['ci_high'])}]"
+        rows.append([method, _signed(e["mean"]), interval, excludes])
+    return markdown_table(["method", "effect", "95% interval", "excludes 0"], rows)
+
+
+def within_noise_floor_line(summary: dict, scenario: str) -> str | None:
+    """The line naming the scenario's effects with |effect| < noise floor; None without a noise floor."""
+    floor = summary["noise_floor_auc"]
+    if floor is None:
+        return None
+    within = [
+        m
+        for m, by_scenario in summary["effect_vs_fedavg"].items()
+        if by_scenario.get(scenario) is not None and abs(by_scenario[scenario]["mean"]) < floor
+    ]
+    if not within:
+        return f"- no effect lies within the noise floor ({floor:.4f})"
+    return f"- within the noise floor (|effect| < {floor:.4f}): {', '.join(within)}"
+
+
+def effect_overview_table(summary: dict) -> str:
+    """Per method: mean effect over scenarios, scenarios above FedAvg, Wilcoxon-Holm p, plateau fraction."""
+    pvalues, plateau = summary["wilcoxon_holm_p_auc"], summary["plateau_reached"]
+    rows = []
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        means = [e["mean"] for e in by_scenario.values() if e is not None]
+        rows.append(
+            [
+                method,
+                _signed(float(np.mean(means))) if means else "-",
+                f"{sum(x > 0 for x in means)} of {len(means)}",
+                _fmt(pvalues.get(method)) if method in pvalues else "not tested",
+                _fmt(plateau.get(method), 2),
+            ]
+        )
+    header = ["method", "mean effect", "scenarios above FedAvg", "Wilcoxon p (Holm)", "plateau reached"]
+    return markdown_table(header, rows)
+
+
+def effect_tables(summary: dict) -> list[str]:
+    """report.md's effects against FedAvg, from summary.json alone: per scenario the effect on test AUC
+    with its bootstrap interval and a line naming the effects within the noise floor; per method the
+    Wilcoxon-Holm p and the plateau fraction."""
+    effects, floor = summary["effect_vs_fedavg"], summary["noise_floor_auc"]
+    notes = summary["stats_notes"]
+    lines = ["## Test AUC against FedAvg", ""]
+    if effects is None:
+        return [*lines, f"Not computed: {notes.get('effect_vs_fedavg', 'no FedAvg cells')}.", ""]
+    lines += [
+        f"Effect = method's test AUC - FedAvg's, mean over seeds; 95% interval from "
+        f"{summary['bootstrap_resamples']} paired bootstrap resamples of the test images. Noise floor "
+        + (
+            f"(standard deviation of the final test AUC across seeds, mean over scenarios and methods): "
+            f"{floor:.4f}."
+            if floor is not None
+            else f"not computed: it {notes.get('noise_floor_auc', 'is undefined')}."
+        ),
+        "",
+    ]
+    for scenario in summary["scenarios"]:
+        lines += [f"### {scenario}", "", effect_scenario_table(summary, scenario), ""]
+        line = within_noise_floor_line(summary, scenario)
+        if line is not None:
+            lines += [line, ""]
+    plateau = summary["plateau_reached"]
+    lines += [
+        "### Across scenarios",
+        "",
+        effect_overview_table(summary),
+        "",
+        f"Plateau reached: fraction of the method's cells whose test AUC gained less than "
+        f"{summary['plateau_tolerance_auc']:.4f} over the last third of the rounds (FedAvg: "
+        f"{_fmt(plateau.get(REFERENCE_METHOD), 2)}).",
+        "",
+    ]
+    return lines
+
+
 def write_report(
     config,
     records: Sequence[dict],
@@ -332,13 +463,14 @@ def write_report(
     if task == "multiclass":
         metrics += ["accuracy", "balanced_accuracy"]
     per_method = {m: final_table(results, m, methods, scenarios).mean(axis=0) for m in metrics}
-    header = ["method", *metrics, "rank AUC", "rank GM"]
+    header = ["method", *metrics, "gm@0.5", "rank AUC", "rank GM"]
     rows = []
     for m in methods:
         rows.append(
             [
                 m,
                 *[per_method[k][m] for k in metrics],
+                summary["mean_gm_05"].get(m),
                 summary["avg_rank_auc"].get(m, "-"),
                 summary["avg_rank_gm"].get(m, "-"),
             ]
@@ -351,6 +483,7 @@ def write_report(
             _scenario_table(final_table(results, metric, methods, scenarios)),
             "",
         ]
+    lines += effect_tables(summary)
     for metric in ("auc", "gm"):
         comp = comparisons[metric]
         if comp.pvalues is None:
@@ -368,6 +501,12 @@ def write_report(
                 lines.append(f"- [{rel}]({rel})")
         lines.append("")
     notes = [comparisons[m].note for m in ("auc", "gm") if comparisons[m].note]
+    notes += [f"{key} is null: {why}" for key, why in summary["stats_notes"].items()]
+    if config.threshold != "youden" and task == "multilabel":
+        notes.append(
+            "GM at Youden thresholds is not available for this run: the thresholds come from validation "
+            "predictions, which the cells do not store (run with --threshold youden)"
+        )
     refs = [m for m in methods if m in REFERENCE_METHODS]
     if refs:
         notes.append(f"references {', '.join(refs)} are not ranked")
@@ -378,17 +517,23 @@ def write_report(
     return path
 
 
-def write_outputs(config, records: Sequence[dict], out: str | Path, start: float) -> dict:
+def write_outputs(
+    config, records: Sequence[dict], out: str | Path, start: float, n_resamples: int = N_RESAMPLES
+) -> dict:
     """Write results.csv, plots, summary.json and report.md into ``out``; returns the summary.
 
-    ``start`` is the ``time.perf_counter()`` value at the start of the run (for ``wall_seconds``).
+    ``start`` is the ``time.perf_counter()`` value at the start of the run (for ``wall_seconds``);
+    ``n_resamples``: bootstrap resamples per (scenario, seed) of the effects against FedAvg.
     """
     out = Path(out)
     results = results_frame(records)
     results.to_csv(out / RESULTS_CSV, index=False)
     comparisons = compare_methods(config, results)
+    against = against_fedavg(
+        config.methods, config.scenarios, config.seeds, records, out / CELLS_DIR, n_resamples
+    )
     plots = write_plots(config, records, results, comparisons, out)
-    summary = build_summary(config, results, comparisons, time.perf_counter() - start)
+    summary = build_summary(config, results, comparisons, time.perf_counter() - start, against, n_resamples)
     (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=1))
     write_report(config, records, results, summary, comparisons, plots, out)
     return summary

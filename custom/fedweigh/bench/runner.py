@@ -49,7 +49,8 @@ from fedweigh.bench.sites import make_sites
 from fedweigh.checks import ConfigError, check_client_args, check_dataset_path
 from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
-from fedweigh.data.scenarios import get_scenario
+from fedweigh.data.scenario_file import load_scenario_file
+from fedweigh.data.scenarios import Scenario, get_scenario
 from fedweigh.data.site_config import expand_data_path
 from fedweigh.io import atomic_write_text
 from fedweigh.label_stats import global_stats_of
@@ -88,6 +89,7 @@ _HASHED_WHEN_CHANGED: dict[str, object] = {
     "pretrained": None,
     "momentum": 0.9,
     "weight_decay": 0.0,
+    "test_images": None,
 }
 
 
@@ -147,6 +149,14 @@ SAFEGUARDS: dict[str, dict[str, object]] = {
 FROM_SAFEGUARDS = object()
 
 
+def find_scenario(defs: Sequence[Scenario], name: str) -> Scenario:
+    """The scenario called ``name`` among ``defs`` (from files), else in the catalogue (KeyError)."""
+    for sc in defs:
+        if sc.name == name:
+            return sc
+    return get_scenario(name)
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Everything that defines a benchmark's cells.
@@ -185,6 +195,12 @@ class BenchConfig:
     tune_seed: int | None = None
     #: label -> options the cells of that method run with (set by the tuning; keys as in labels)
     tuned: dict = field(default_factory=dict)
+    #: scenarios defined in files (``--scenario-file``), run like catalogue ones under their names
+    scenario_defs: tuple[Scenario, ...] = ()
+
+    def scenario(self, name: str) -> Scenario:
+        """The scenario called ``name``: one of ``scenario_defs``, else the catalogue's."""
+        return find_scenario(self.scenario_defs, name)
 
     def spec(self, method: str) -> MethodSpec:
         """The :class:`MethodSpec` a cell of ``method`` runs: its label's, with the tuned options."""
@@ -230,6 +246,7 @@ def make_config(
     tune: Sequence[str | TuneSpec] = (),
     tune_scenario: str | None = None,
     tune_seed: int | None = None,
+    scenario_files: Sequence[str | Path] = (),
     **client_overrides: object,
 ) -> BenchConfig:
     """A :class:`BenchConfig` from a profile; every argument left None keeps the profile's value.
@@ -237,7 +254,9 @@ def make_config(
     ``client_overrides`` are :class:`ClientArgs` fields (``num_images``, ``max_steps``, ``size``, ...).
     ``tune``: options to tune per method (``[METHOD:]KEY=V1,V2``, :func:`parse_tune`) on
     ``tune_scenario`` (default: the first scenario) with ``tune_seed`` (default: one above the
-    largest seed; never a reported seed).
+    largest seed; never a reported seed). ``scenario_files``: scenarios defined in JSON / YAML files
+    (:mod:`fedweigh.data.scenario_file`); they run after those named in ``scenarios`` (with none
+    named, only the files' scenarios run).
     Raises ValueError naming the bad dataset, scenario, method, seed, round count or tuned option.
     """
     if safeguards not in SAFEGUARDS:
@@ -261,7 +280,14 @@ def make_config(
         prof.client_args(dataset, data_path=data_path, **client_overrides), "bench client settings"
     )
     methods = tuple(methods or prof.default_methods())
-    scenarios = tuple(scenarios or prof.default_scenarios())
+    defs = tuple(load_scenario_file(f) for f in scenario_files)
+    file_names = [d.name for d in defs]
+    if len(set(file_names)) != len(file_names):
+        raise ValueError(f"two scenario files define the same scenario name: {file_names}")
+    if scenarios:
+        scenarios = tuple(scenarios) + tuple(n for n in file_names if n not in scenarios)
+    else:
+        scenarios = tuple(file_names) or prof.default_scenarios()
     seeds = tuple(int(s) for s in (seeds if seeds is not None else prof.seeds))
     rounds = prof.rounds if rounds is None else int(rounds)
     eval_every = prof.eval_every if eval_every is None else int(eval_every)
@@ -272,7 +298,7 @@ def make_config(
     for label in methods:
         parse_method(label)
     for name in scenarios:
-        get_scenario(name)
+        find_scenario(defs, name)
     for dup, what in ((methods, "method"), (scenarios, "scenario"), (seeds, "seed")):
         if len(set(dup)) != len(dup):
             raise ValueError(f"a {what} is listed twice: {list(dup)}")
@@ -287,7 +313,7 @@ def make_config(
     tunes = tuple(t if isinstance(t, TuneSpec) else parse_tune(t) for t in tune)
     if tunes:
         tune_scenario = tune_scenario or scenarios[0]
-        get_scenario(tune_scenario)
+        find_scenario(defs, tune_scenario)
         tune_seed = max(seeds) + 1 if tune_seed is None else int(tune_seed)
         if tune_seed in seeds or tune_seed < 0:
             raise ValueError(
@@ -317,6 +343,7 @@ def make_config(
         tune=tunes,
         tune_scenario=tune_scenario if tunes else None,
         tune_seed=tune_seed if tunes else None,
+        scenario_defs=defs,
     )
     for label in methods:  # every grid point is a valid method configuration (one-line errors)
         for point in config.tune_grid(label):
@@ -330,12 +357,12 @@ def make_config(
 def cell_args(config: BenchConfig, scenario: str, seed: int, spec: MethodSpec) -> ClientArgs:
     """The ClientArgs of one cell: the shared settings plus scenario, seed, the method's loss and the
     client options the method prescribes (they win over the shared settings)."""
-    args = replace(config.client, dataset=config.dataset, scenario=scenario, seed=seed, eval_test=False)
+    args = replace(config.client, dataset=config.dataset, seed=seed, eval_test=False)
     if spec.loss != "default" and args.loss == "default":  # the recipes' _client_with_loss rule
         args = replace(args, loss=spec.loss, loss_options=dict(spec.loss_options or args.loss_options))
     if spec.client_options:
         args = check_client_args(replace(args, **spec.client_options), f"method {spec.label!r}")
-    return args
+    return replace(args, scenario=scenario)  # set after the checks: a file's scenario is no catalogue name
 
 
 def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) -> str:
@@ -356,6 +383,8 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         "safeguards": [config.max_share, config.update_norm_bound, config.min_update_cosine],
         "method": spec.as_dict(),
     }
+    if any(sc.name == scenario for sc in config.scenario_defs):  # a file's scenario: its definition
+        payload["scenario"] = asdict(config.scenario(scenario))
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -387,19 +416,22 @@ def federation_for(config: BenchConfig, scenario: str, seed: int) -> Federation:
         c.size,
         seed,
         c.num_images,
+        c.test_images,
+        config.scenario(scenario),
         config.sites,
     )
     if key in _FEDERATIONS:
         _FEDERATIONS.move_to_end(key)
         return _FEDERATIONS[key]
     fed = build_federation(
-        scenario,
+        config.scenario(scenario),
         config.dataset,
         data_path=expand_data_path(c.data_path),
         size=c.size,
         seed=seed,
         num_images=c.num_images,
         loader_options=c.loader_options,
+        test_images=c.test_images,
     )
     if config.sites:
         names = [s.name for s in fed.sites]

@@ -11,11 +11,17 @@ Demšar, "Statistical Comparisons of Classifiers over Multiple Data Sets", JMLR 
   (``posthoc_nemenyi_friedman``) feed its critical-difference diagram.
 
 A missing score (NaN) ranks below every finite score of its scenario.
+
+Against FedAvg (how much a method beats it, rather than whether the methods differ): the Wilcoxon
+signed-rank test (``scipy.stats.wilcoxon``, two-sided, zero differences dropped) of a method's
+per-scenario effects, with Holm's step-down correction over the methods tested
+(``statsmodels.stats.multitest.multipletests``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,3 +120,33 @@ def compare(table: pd.DataFrame, alpha: float = 0.05) -> Comparison:
     p = friedman_p(table)
     note = "" if p is not None else "Friedman p undefined: every scenario ranks all methods equal"
     return Comparison(table, ranks, p, nemenyi_cd(k, n, alpha), nemenyi_pvalues(table), note)
+
+
+def wilcoxon_p(differences: Sequence[float]) -> float | None:
+    """Two-sided Wilcoxon signed-rank p of "the median difference is 0" over scenarios.
+
+    Zero differences are dropped (``zero_method="wilcox"``); None when no non-zero finite difference
+    is left. With n non-zero differences the smallest attainable p is 2 / 2^n (exact test): n <= 5
+    can never reach 0.05.
+    """
+    from scipy.stats import wilcoxon
+
+    d = np.asarray([x for x in differences if x is not None and math.isfinite(x)], dtype=np.float64)
+    if not np.any(d != 0.0):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = wilcoxon(d, zero_method="wilcox", alternative="two-sided").pvalue
+    return float(p) if math.isfinite(p) else None
+
+
+def holm(pvalues: dict[str, float | None]) -> dict[str, float | None]:
+    """Holm-adjusted p-values over the non-None entries: sorted p_(1) <= ... <= p_(m),
+    p~_(i) = max_{k <= i} min(1, (m - k + 1) p_(k)); None entries stay None."""
+    from statsmodels.stats.multitest import multipletests
+
+    tested = [k for k, p in pvalues.items() if p is not None]
+    adjusted = dict.fromkeys(pvalues)
+    if tested:
+        _, p_adj, _, _ = multipletests([pvalues[k] for k in tested], method="holm")
+        adjusted.update({k: float(p) for k, p in zip(tested, p_adj, strict=True)})
+    return adjusted

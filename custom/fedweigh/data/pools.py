@@ -150,17 +150,22 @@ def load_pool(
     size: int = 32,
     seed: int = 0,
     num_images: int | None = None,
+    test_images: int | None = None,
     **options: Any,
 ) -> tuple[LabeledImages, LabeledImages]:
     """(training pool, global test set) of ``dataset`` at ``size`` x ``size`` pixels.
 
-    * synthcxr: ``load_synthcxr(n + n // 5, size, seed)`` (n = ``num_images``, default 20,000); the
-      first n rows are the pool, the remaining n // 5 (other patients) the test set.
+    * synthcxr: ``load_synthcxr(n + m, size, seed)`` (n = ``num_images``, default 20,000; m =
+      ``test_images``, default n // 5); the first n rows are the pool, the remaining m (other
+      patients) the test set. The first n rows do not depend on m, so the pool is the same for any m.
     * chestmnist: train + val of the npz pooled; the test split is the test set (when ``num_images``
       is given, the pool is subsampled to it by ``seed`` and the test to num_images // 5, the same
       rows for every seed).
     * chexpert: train.csv (its first ``num_images`` rows) is the pool, valid.csv the test set.
     * digits: a stratified 80 / 20 split by ``seed``; the pool is subsampled to ``num_images``.
+
+    The loaded datasets' test sets are fixed: ``test_images`` m keeps m of their rows (the same rows
+    for every seed) and is an error when the test set has fewer.
 
     ``options`` go to the loader (synthcxr: cache_dir; chestmnist: task, class_names; chexpert:
     uncertainty, frontal_only, findings).
@@ -168,6 +173,31 @@ def load_pool(
     _check_dataset(dataset)
     if num_images is not None and num_images <= 0:
         raise ValueError(f"num_images must be positive, got {num_images}")
+    if test_images is not None and (
+        isinstance(test_images, bool) or int(test_images) != test_images or test_images < 1
+    ):
+        raise ValueError(f"test_images must be a positive integer, got {test_images!r}")
+    pool, test = _load_pool(dataset, data_path, size, seed, num_images, test_images, **options)
+    if test_images is None or dataset == "synthcxr":
+        return pool, test
+    if test_images > len(test):
+        raise ValueError(
+            f"test_images={test_images}: dataset {dataset!r} has only {len(test)} test images here; ask for at "
+            f"most {len(test)} (only synthcxr generates its test images, so any number is possible)"
+        )
+    return pool, _subsample(test, test_images, np.random.default_rng([0, 7]))
+
+
+def _load_pool(
+    dataset: str,
+    data_path: str | Path | None,
+    size: int,
+    seed: int,
+    num_images: int | None,
+    test_images: int | None,
+    **options: Any,
+) -> tuple[LabeledImages, LabeledImages]:
+    """:func:`load_pool` before ``test_images`` is applied to a loaded dataset's test set."""
     if _INFO[dataset]["needs_data_path"] and data_path is None:
         raise ValueError(
             f"dataset {dataset!r} needs a data path: pass --data-path (data_path=) pointing to "
@@ -175,14 +205,14 @@ def load_pool(
         )
     if dataset == "synthcxr":
         n = SYNTHCXR_DEFAULT_IMAGES if num_images is None else int(num_images)
-        full = load_synthcxr(n + n // 5, size, seed, **options)
+        full = load_synthcxr(n + (n // 5 if test_images is None else int(test_images)), size, seed, **options)
         return _rows(full, slice(0, n)), _rows(full, slice(n, None))
     if dataset == "chestmnist":
         splits = load_medmnist_npz(find_medmnist_file(data_path, size), size=size, **options)
         pool = _subsample(
             _concat(splits["train"], splits["val"]), num_images, np.random.default_rng([seed, 5])
         )
-        cap = None if num_images is None else max(1, num_images // 5)
+        cap = None if num_images is None or test_images is not None else max(1, num_images // 5)
         return pool, _subsample(splits["test"], cap, np.random.default_rng([0, 6]))
     if dataset == "images_csv":
         from fedweigh.data.folder import load_images_csv

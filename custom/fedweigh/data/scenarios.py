@@ -1,8 +1,12 @@
-"""The scenario catalogue: 12 named client partitions, the same for every dataset (data, not code).
+"""The scenario catalogue: 15 named client partitions, the same for every dataset (data, not code).
 
-Following FedDRAW's protocol of 12 simulated client-partition scenarios, the catalogue covers IID,
+Following FedDRAW's protocol of simulated client-partition scenarios, the catalogue covers IID,
 quantity skew, label-distribution skew, per-site acquisition shift, their combinations and three
-client counts (4, 8 and 50 sites, the last with 10% of sites sampled per round as in FedBB's appendix).
+client counts (4, 8 and 50 sites, the last with 10% of sites sampled per round as in FedBB's appendix),
+plus four scenarios where one site differs from the others in what the weighting schemes claim to
+detect: a large site with noisy labels, a small site rich in rare findings, a large site with a degraded
+scanner, and a test population mixed differently from the training sizes. Users define their own
+scenarios in a file (:mod:`fedweigh.data.scenario_file`).
 
 Partitions (K sites, pool of n rows, m the minimum site size, all draws seeded):
 
@@ -16,13 +20,26 @@ Partitions (K sites, pool of n rows, m the minimum site size, all draws seeded):
 * ``quantity+label``: as ``label`` with site shares w ~ Dir(quantity_alpha 1_K) as well:
   P(site k | group c) = w_k q_ck / sum_j w_j q_cj.
 
-Sites below m rows are topped up deterministically with random rows of the currently largest site.
-m = min(32, n // (2K)) (at least 2) so that the 50-site scenario also fits small pools.
+* ``sites``: every site has its own size (a share of the pool or a count of rows) and label mix
+  (:class:`SiteLabels`). Sites with a ``prevalence`` mix draw first, then the others in site order:
+  site k wants t_kg = round(n_k pi_kg) rows of primary-label group g, gets min(t_kg, rows of g left)
+  and is filled up to n_k with random rows left. pi_k is the pool's group distribution p (``pool``),
+  uniform over the groups present (``balanced``: rich in rare findings) or pi_k ~ Dir(alpha p)
+  (``alpha``; Hsu et al. 2019's per-client form: alpha -> inf gives p, alpha -> 0 one group).
+
+Sites below m rows are topped up deterministically with random rows of the currently largest site
+(``label`` partitions). m = min(32, n // (2K)) (at least 2) so that the 50-site scenario also fits
+small pools.
+
+Per site, after the train/val split: ``label_noise`` r flips labels of the *training* split only
+(:func:`flip_labels`; validation and test labels stay clean), and an acquisition profile changes its
+images (:mod:`fedweigh.data.shift`). ``test_mix`` decides which site-domain each global test image
+comes from (:func:`build_federation`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -30,16 +47,49 @@ import numpy as np
 
 from fedweigh.data.base import Federation, LabeledImages, SiteData, Task
 from fedweigh.data.pools import load_pool
-from fedweigh.data.shift import apply_acquisition_shift, site_profile
+from fedweigh.data.shift import AcquisitionProfile, apply_acquisition_shift, degraded_profile, site_profile
 
-Partition = Literal["iid", "quantity", "label", "quantity+label"]
-PARTITIONS: tuple[str, ...] = ("iid", "quantity", "label", "quantity+label")
+Partition = Literal["iid", "quantity", "label", "quantity+label", "sites"]
+PARTITIONS: tuple[str, ...] = ("iid", "quantity", "label", "quantity+label", "sites")
+#: How the global test set is mixed over the sites' domains (see :func:`build_federation`).
+TEST_MIXES: tuple[str, ...] = ("pool", "equal", "sizes")
+LABEL_MIXES: tuple[str, ...] = ("pool", "balanced", "alpha", "prevalence")
 
 #: Preferred minimum images per site (two batches of 16); lowered to n // (2K) for small pools.
 MIN_SITE_SIZE = 32
 
 # Independent random streams derived from the user's seed: np.random.default_rng([seed, STREAM, ...]).
-_PARTITION, _VAL_SPLIT, _SHIFT_NOISE, _TEST_SITE = 1, 2, 3, 4
+_PARTITION, _VAL_SPLIT, _SHIFT_NOISE, _TEST_SITE, _LABEL_NOISE, _TEST_MIX = 1, 2, 3, 4, 5, 6
+
+
+@dataclass(frozen=True)
+class SiteLabels:
+    """A site's label mix in a ``sites`` partition (module docstring): ``kind`` is ``pool``,
+    ``balanced``, ``alpha`` (with ``alpha`` > 0) or ``prevalence`` (``prevalence``: (class name,
+    fraction of the site's rows positive for it) pairs, fractions in [0, 1])."""
+
+    kind: str = "pool"
+    alpha: float | None = None
+    prevalence: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in LABEL_MIXES:
+            raise ValueError(f"label mix must be one of {LABEL_MIXES}, got {self.kind!r}")
+        if (self.kind == "alpha") != (self.alpha is not None) or (self.alpha is not None and self.alpha <= 0):
+            raise ValueError(
+                f"label mix {self.kind!r}: alpha > 0 goes with kind 'alpha' only, got {self.alpha}"
+            )
+        if (self.kind == "prevalence") != bool(self.prevalence):
+            raise ValueError(f"label mix {self.kind!r}: prevalence pairs go with kind 'prevalence' only")
+        if any(not 0 <= p <= 1 for _, p in self.prevalence):
+            raise ValueError(f"prevalence fractions must be in [0, 1], got {self.prevalence}")
+
+    def describe(self) -> str:
+        if self.kind == "alpha":
+            return f"Dir({self.alpha:g} p)"
+        if self.kind == "prevalence":
+            return "prevalence " + ",".join(f"{c}={p:g}" for c, p in self.prevalence)
+        return self.kind
 
 
 @dataclass(frozen=True)
@@ -55,6 +105,19 @@ class Scenario:
     shift: float = 0.0  # acquisition-shift strength per site (0 = none)
     sample_fraction: float = 1.0  # fraction of sites sampled per round
     val_fraction: float = 0.1
+    #: "sites" partition: relative sizes (shares) or absolute row counts, one per site (exactly one given)
+    site_shares: tuple[float, ...] | None = None
+    site_counts: tuple[int, ...] | None = None
+    #: "sites" partition: each site's label mix (None: the pool's at every site)
+    site_labels: tuple[SiteLabels, ...] | None = None
+    #: per site: fraction r of training labels flipped (flip_labels); None: clean everywhere
+    label_noise: tuple[float, ...] | None = None
+    #: per site: a shift strength (site_profile(k, s, seed)) or an explicit profile; replaces ``shift``
+    site_shift: tuple[float | AcquisitionProfile, ...] | None = None
+    #: the global test set's mix of site-domains: "pool", "equal", "sizes" or one share per site
+    test_mix: str | tuple[float, ...] = "pool"
+    #: site names (None: site-1 .. site-K, as the NVFlare simulator names its clients)
+    names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"scenario {self.name!r}"
@@ -62,9 +125,9 @@ class Scenario:
             raise ValueError(f"{where}: num_sites must be >= 1, got {self.num_sites}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"{where}: partition must be one of {PARTITIONS}, got {self.partition!r}")
-        if self.partition == "iid" and (self.alpha is not None or self.quantity_alpha is not None):
-            raise ValueError(f"{where}: an iid partition takes no alpha")
-        if self.partition != "iid" and not (self.alpha is not None and self.alpha > 0):
+        if self.partition in ("iid", "sites") and (self.alpha is not None or self.quantity_alpha is not None):
+            raise ValueError(f"{where}: an {self.partition!r} partition takes no alpha")
+        if self.partition not in ("iid", "sites") and not (self.alpha is not None and self.alpha > 0):
             raise ValueError(f"{where}: partition {self.partition!r} needs alpha > 0, got {self.alpha}")
         needs_q = self.partition == "quantity+label"
         if needs_q and not (self.quantity_alpha is not None and self.quantity_alpha > 0):
@@ -77,11 +140,64 @@ class Scenario:
             raise ValueError(f"{where}: sample_fraction must be in (0, 1], got {self.sample_fraction}")
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"{where}: val_fraction must be in [0, 1), got {self.val_fraction}")
+        self._check_per_site(where)
+
+    def _check_per_site(self, where: str) -> None:
+        k = self.num_sites
+        sized = (self.site_shares is not None) + (self.site_counts is not None)
+        if (self.partition == "sites") != (sized == 1) or sized > 1:
+            raise ValueError(f"{where}: a 'sites' partition needs exactly one of site_shares, site_counts")
+        if self.site_labels is not None and self.partition != "sites":
+            raise ValueError(f"{where}: site_labels need partition 'sites', got {self.partition!r}")
+        for field_name in ("site_shares", "site_counts", "site_labels", "label_noise", "site_shift", "names"):
+            value = getattr(self, field_name)
+            if value is not None and len(value) != k:
+                raise ValueError(f"{where}: {field_name} needs {k} entries (one per site), got {len(value)}")
+        if self.site_shares is not None and any(not w > 0 for w in self.site_shares):
+            raise ValueError(f"{where}: site_shares must be > 0, got {self.site_shares}")
+        if self.site_counts is not None and any(int(c) != c or c < 2 for c in self.site_counts):
+            raise ValueError(f"{where}: site_counts must be integers >= 2, got {self.site_counts}")
+        if self.label_noise is not None and any(not 0 <= r < 1 for r in self.label_noise):
+            raise ValueError(f"{where}: label_noise must be in [0, 1), got {self.label_noise}")
+        if self.site_shift is not None and any(
+            not isinstance(v, AcquisitionProfile) and v < 0 for v in self.site_shift
+        ):
+            raise ValueError(f"{where}: a site_shift strength must be >= 0, got {self.site_shift}")
+        if self.site_shift is not None and self.shift:
+            raise ValueError(f"{where}: give shift or site_shift, not both")
+        if isinstance(self.test_mix, str):
+            if self.test_mix not in TEST_MIXES:
+                raise ValueError(
+                    f"{where}: test_mix must be one of {TEST_MIXES} or shares, got {self.test_mix!r}"
+                )
+        elif len(self.test_mix) != k or any(w < 0 for w in self.test_mix) or not sum(self.test_mix) > 0:
+            raise ValueError(
+                f"{where}: test_mix shares need {k} entries >= 0, not all 0, got {self.test_mix}"
+            )
+        if self.names is not None and len(set(self.names)) != k:
+            raise ValueError(f"{where}: site names must be distinct, got {self.names}")
 
     @property
     def site_names(self) -> list[str]:
-        """Site names site-1 .. site-K, as the NVFlare simulator names its clients."""
-        return [f"site-{k + 1}" for k in range(self.num_sites)]
+        """``names``, or site-1 .. site-K as the NVFlare simulator names its clients."""
+        return list(self.names) if self.names else [f"site-{k + 1}" for k in range(self.num_sites)]
+
+    def profiles(self, seed: int) -> list[AcquisitionProfile]:
+        """Each site's acquisition profile: ``site_shift`` entries (a strength s gives
+        site_profile(k, s, seed)), else site_profile(k, shift, seed) for every site."""
+        if self.site_shift is None:
+            return [site_profile(k, self.shift, seed) for k in range(self.num_sites)]
+        return [
+            v if isinstance(v, AcquisitionProfile) else site_profile(k, float(v), seed)
+            for k, v in enumerate(self.site_shift)
+        ]
+
+    @property
+    def has_shift(self) -> bool:
+        """Whether any site's images are shifted."""
+        if self.site_shift is None:
+            return self.shift > 0
+        return any(not v.is_identity if isinstance(v, AcquisitionProfile) else v > 0 for v in self.site_shift)
 
 
 _CATALOGUE: tuple[Scenario, ...] = (
@@ -142,14 +258,6 @@ _CATALOGUE: tuple[Scenario, ...] = (
         shift=1.0,
     ),
     Scenario(
-        name="label-shift",
-        description="label skew Dirichlet(0.5) + acquisition shift, 4 sites",
-        num_sites=4,
-        partition="label",
-        alpha=0.5,
-        shift=1.0,
-    ),
-    Scenario(
         name="quantity-label",
         description="label skew Dirichlet(0.5) and quantity skew Dirichlet(0.5), 4 sites",
         num_sites=4,
@@ -173,7 +281,51 @@ _CATALOGUE: tuple[Scenario, ...] = (
         quantity_alpha=1.0,
         sample_fraction=0.1,
     ),
+    Scenario(
+        name="noisy-large",
+        description="site-1 holds 55% of the images with 30% of its training labels flipped; 3 clean sites of 15%",
+        num_sites=4,
+        partition="sites",
+        site_shares=(0.55, 0.15, 0.15, 0.15),
+        label_noise=(0.3, 0.0, 0.0, 0.0),
+    ),
+    Scenario(
+        name="rare-small",
+        description="site-1 holds 10% of the images, clean, every primary label equally often (rich in rare findings)",
+        num_sites=4,
+        partition="sites",
+        site_shares=(0.1, 0.3, 0.3, 0.3),
+        site_labels=(SiteLabels("balanced"), SiteLabels(), SiteLabels(), SiteLabels()),
+    ),
+    Scenario(
+        name="degraded-large",
+        description="site-1 holds 55% of the images from a degraded scanner (blur, noise, low contrast)",
+        num_sites=4,
+        partition="sites",
+        site_shares=(0.55, 0.15, 0.15, 0.15),
+        site_shift=(degraded_profile(1.0), 0.0, 0.0, 0.0),
+        test_mix="sizes",
+    ),
+    Scenario(
+        name="test-mix",
+        description="sizes 55/15/15/15%, per-site label mix Dir(0.5 p) and shift; test set equal per site-domain",
+        num_sites=4,
+        partition="sites",
+        site_shares=(0.55, 0.15, 0.15, 0.15),
+        site_labels=tuple(SiteLabels("alpha", alpha=0.5) for _ in range(4)),
+        site_shift=(1.0, 1.0, 1.0, 1.0),
+        test_mix="equal",
+    ),
 )
+
+#: Scenarios removed from the catalogue: name -> why (``get_scenario`` says so).
+REMOVED_SCENARIOS: dict[str, str] = {
+    "label-shift": (
+        "removed: its partition is label-a0.5's, so it measured only the acquisition shift, which "
+        "shift-4 (IID) and quantity-shift (with quantity skew) already measure; "
+        "examples/scenarios/label-shift.yaml reproduces it"
+    ),
+}
 
 #: The catalogue by name, in catalogue order.
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _CATALOGUE}
@@ -186,17 +338,43 @@ def list_scenarios() -> list[Scenario]:
 
 def get_scenario(name: str) -> Scenario:
     """The scenario called ``name``; KeyError listing the known names otherwise."""
+    if name in REMOVED_SCENARIOS:
+        raise KeyError(f"scenario {name!r} was {REMOVED_SCENARIOS[name]}")
     try:
         return SCENARIOS[name]
     except KeyError:
         raise KeyError(f"unknown scenario {name!r}; known scenarios: {', '.join(SCENARIOS)}") from None
 
 
-def scenario_table() -> str:
-    """The catalogue as an aligned text table, one line per scenario (for ``fedweigh scenarios``)."""
-    header = ("name", "sites", "partition", "alpha", "q_alpha", "shift", "sampled/round", "description")
+def _shift_cell(s: Scenario) -> str:
+    if s.site_shift is None:
+        return f"{s.shift:g}"
+    return ",".join(
+        ("profile" if not v.is_identity else "0") if isinstance(v, AcquisitionProfile) else f"{v:g}"
+        for v in s.site_shift
+    )
+
+
+def scenario_table(scenarios: list[Scenario] | None = None) -> str:
+    """Scenarios (default: the catalogue) as an aligned text table, one line each (``fedweigh scenarios``).
+
+    shift: one strength for all sites, or per site (``profile``: an explicit profile such as the
+    degraded scanner); noise: the sites' training-label flip rates; test: the test set's domain mix.
+    """
+    header = (
+        "name",
+        "sites",
+        "partition",
+        "alpha",
+        "q_alpha",
+        "shift",
+        "noise",
+        "test",
+        "sampled/round",
+        "description",
+    )
     rows = [header]
-    for s in list_scenarios():
+    for s in list_scenarios() if scenarios is None else scenarios:
         per_round = max(1, round(s.sample_fraction * s.num_sites))
         rows.append(
             (
@@ -205,7 +383,9 @@ def scenario_table() -> str:
                 s.partition,
                 "-" if s.alpha is None else f"{s.alpha:g}",
                 "-" if s.quantity_alpha is None else f"{s.quantity_alpha:g}",
-                f"{s.shift:g}",
+                _shift_cell(s),
+                "-" if s.label_noise is None else ",".join(f"{r:g}" for r in s.label_noise),
+                s.test_mix if isinstance(s.test_mix, str) else ",".join(f"{w:g}" for w in s.test_mix),
                 f"{s.sample_fraction:.0%} ({per_round})",
                 s.description,
             )
@@ -266,14 +446,20 @@ def _top_up(parts: list[np.ndarray], minimum: int, rng: np.random.Generator) -> 
     return parts
 
 
-def partition_indices(labels: np.ndarray, task: Task, scenario: Scenario, seed: int) -> list[np.ndarray]:
-    """Rows (int64, sorted) of each of the scenario's sites: disjoint, covering range(len(labels)).
+def partition_indices(
+    labels: np.ndarray, task: Task, scenario: Scenario, seed: int, class_names: tuple[str, ...] = ()
+) -> list[np.ndarray]:
+    """Rows (int64, sorted) of each of the scenario's sites: disjoint, covering range(len(labels))
+    (a ``sites`` partition with row counts may leave rows unused).
 
-    See the module docstring for the four partitions. Deterministic in (labels, scenario, seed).
+    See the module docstring for the partitions. Deterministic in (labels, scenario, seed).
+    ``class_names`` name the label columns (needed by a ``prevalence`` label mix).
     """
     n, k = int(np.asarray(labels).shape[0]), scenario.num_sites
-    minimum = min_site_size(n, k)
     rng = np.random.default_rng([seed, _PARTITION])
+    if scenario.partition == "sites":
+        return _partition_sites(labels, task, scenario, rng, class_names)
+    minimum = min_site_size(n, k)
     if scenario.partition == "iid":
         parts = np.array_split(rng.permutation(n), k)
     elif scenario.partition == "quantity":
@@ -294,6 +480,135 @@ def partition_indices(labels: np.ndarray, task: Task, scenario: Scenario, seed: 
         parts = [np.concatenate(b) if b else np.empty(0, dtype=np.int64) for b in buckets]
         parts = _top_up(parts, minimum, rng)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def site_sizes(scenario: Scenario, n: int) -> np.ndarray:
+    """Rows per site of a ``sites`` partition of n rows: the counts, or round(n w_k / sum w) by
+    largest remainders; ValueError when the pool is too small."""
+    where = f"scenario {scenario.name!r}"
+    if scenario.site_counts is not None:
+        sizes = np.asarray(scenario.site_counts, dtype=np.int64)
+        if sizes.sum() > n:
+            raise ValueError(f"{where}: its sites hold {int(sizes.sum())} images but the pool has only {n}")
+    else:
+        sizes = _largest_remainder(np.asarray(scenario.site_shares), n)
+    if sizes.min() < 2:
+        raise ValueError(
+            f"{where}: {n} images give site {scenario.site_names[int(sizes.argmin())]} fewer than 2"
+        )
+    return sizes
+
+
+def _one_hot(labels: np.ndarray, task: Task, num_classes: int) -> np.ndarray:
+    """Positive (bool, N x C): multi-label 0/1 (NaN not positive) or the class as one-hot."""
+    if task == "multiclass":
+        return np.eye(num_classes, dtype=bool)[np.asarray(labels, dtype=np.int64)]
+    return np.nan_to_num(np.asarray(labels, dtype=np.float64), nan=0.0) > 0.5
+
+
+def _take(candidates: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` (at most all) random rows of the boolean mask ``candidates``."""
+    rows = np.flatnonzero(candidates)
+    return rng.permutation(rows)[: max(0, min(count, len(rows)))]
+
+
+def _partition_sites(
+    labels: np.ndarray, task: Task, scenario: Scenario, rng: np.random.Generator, class_names: tuple[str, ...]
+) -> list[np.ndarray]:
+    """The ``sites`` partition (module docstring): exact sizes, label mixes as far as the pool allows."""
+    n, k = int(np.asarray(labels).shape[0]), scenario.num_sites
+    sizes = site_sizes(scenario, n)
+    mixes = scenario.site_labels or tuple(SiteLabels() for _ in range(k))
+    groups = primary_labels(labels, task)
+    width = int(groups.max()) + 1 if n else 1
+    pool_dist = np.bincount(groups, minlength=width) / max(n, 1)
+    free = np.ones(n, dtype=bool)
+    parts: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * k
+    order = [i for i in range(k) if mixes[i].kind == "prevalence"] + [
+        i for i in range(k) if mixes[i].kind != "prevalence"
+    ]
+    for site in order:
+        mix, want = mixes[site], int(sizes[site])
+        taken = (
+            _prevalence_rows(labels, task, scenario, site, free, want, rng, class_names)
+            if (mix.kind == "prevalence")
+            else []
+        )
+        if mix.kind in ("balanced", "alpha"):
+            present = pool_dist > 0
+            dist = present.astype(np.float64)
+            if mix.kind == "alpha":
+                dist[present] = rng.dirichlet(mix.alpha * pool_dist[present])
+            target = _largest_remainder(dist, want)
+            for g in np.flatnonzero(target):
+                rows = _take(free & (groups == g), int(target[g]), rng)
+                free[rows] = False
+                taken.append(rows)
+        rows = _take(free, want - sum(len(t) for t in taken), rng)  # fill up with random rows left
+        free[rows] = False
+        parts[site] = np.concatenate([*taken, rows]).astype(np.int64)
+    return [np.sort(p) for p in parts]
+
+
+def _prevalence_rows(
+    labels: np.ndarray,
+    task: Task,
+    scenario: Scenario,
+    site: int,
+    free: np.ndarray,
+    want: int,
+    rng: np.random.Generator,
+    class_names: tuple[str, ...],
+) -> list[np.ndarray]:
+    """A ``prevalence`` site's rows (marked taken in ``free``): for each listed class c, rarest first,
+    round(p_c n_k) rows positive for c in all (as far as the pool holds them), then rows negative for
+    every listed class up to n_k."""
+    mix = scenario.site_labels[site]  # type: ignore[index]
+    index = {name: c for c, name in enumerate(class_names)}
+    unknown = [name for name, _ in mix.prevalence if name not in index]
+    if unknown:
+        raise ValueError(
+            f"scenario {scenario.name!r}: site {scenario.site_names[site]}: unknown class(es) {unknown} in "
+            f"prevalence; known: {', '.join(class_names)}"
+        )
+    positive = _one_hot(labels, task, len(class_names))
+    listed = [index[name] for name, _ in mix.prevalence]
+    held = np.zeros(len(free), dtype=bool)
+    for c, p in sorted(
+        zip(listed, (p for _, p in mix.prevalence), strict=True), key=lambda cp: positive[:, cp[0]].sum()
+    ):
+        rows = _take(free & positive[:, c], round(p * want) - int(positive[held, c].sum()), rng)
+        free[rows] = False
+        held[rows] = True
+    rows = _take(free & ~positive[:, listed].any(axis=1), want - int(held.sum()), rng)
+    free[rows] = False
+    held[rows] = True
+    return [np.flatnonzero(held)]
+
+
+def flip_labels(
+    labels: np.ndarray, task: Task, rate: float, rng: np.random.Generator, num_classes: int
+) -> np.ndarray:
+    """Labels with a fraction ``rate`` flipped (a new array).
+
+    Multi-label, per finding c with P_c positives and N_c negatives (NaN entries untouched):
+    f_c = min(round(rate P_c), N_c) random positives become 0 and f_c random negatives become 1, so the
+    site's label histogram (what FedBB / FedDRAW read) is unchanged while rate P_c of its positive
+    labels are wrong. Multi-class: round(rate N) random rows get a different class, uniformly.
+    """
+    out = np.array(labels, copy=True)
+    if rate <= 0 or len(out) == 0:
+        return out
+    if task == "multiclass":
+        rows = rng.permutation(len(out))[: round(rate * len(out))]
+        out[rows] = (out[rows] + rng.integers(1, num_classes, size=len(rows))) % num_classes
+        return out
+    for c in range(out.shape[1]):
+        pos, neg = np.flatnonzero(labels[:, c] == 1), np.flatnonzero(labels[:, c] == 0)
+        flips = min(round(rate * len(pos)), len(neg))
+        out[rng.permutation(pos)[:flips], c] = 0
+        out[rng.permutation(neg)[:flips], c] = 1
+    return out
 
 
 def site_label_divergence(labels: np.ndarray, task: Task, parts: list[np.ndarray]) -> np.ndarray:
@@ -344,36 +659,129 @@ def build_federation(
     seed: int = 0,
     num_images: int | None = None,
     loader_options: dict | None = None,
+    test_images: int | None = None,
 ) -> Federation:
-    """Partition ``dataset`` by ``scenario`` into sites "site-1".."site-K" plus one global test set.
+    """Partition ``dataset`` by ``scenario`` into its sites plus one global test set.
 
-    Each site's rows are split into train and val (``val_fraction`` of its own rows). With
-    ``shift > 0`` site k's images get ``site_profile(k, shift, seed)`` and every test image gets the
-    profile of a site drawn uniformly at random (seeded), so the test set mirrors the federation's
-    mix. ``loader_options`` go to the dataset's loader (e.g. CheXpert's ``uncertainty``).
+    Each site's rows are split into train and val (``val_fraction`` of its own rows); with
+    ``label_noise`` r_k > 0, :func:`flip_labels` flips site k's training labels (val and test stay
+    clean). Site k's images get its acquisition profile (:meth:`Scenario.profiles`). The test set
+    (``test_images`` rows; default: the dataset's, see :func:`fedweigh.data.pools.load_pool`) by
+    ``test_mix``:
+
+    * ``pool``: the dataset's test rows; with shift, every test image gets the profile of a site drawn
+      uniformly at random (seeded).
+    * ``equal`` / ``sizes`` / shares w: site-domain k gets m_k = round(N w_k / sum w) test rows (w_k
+      = 1, n_k or the given share), drawn with site k's primary-label mix (t_kg = round(m_k q_kg);
+      a group the domains want more of than the test rows hold is shared pro rata; then filled up at
+      random), and site k's profile. ``test.domain`` holds k per row.
+
+    ``loader_options`` go to the dataset's loader (e.g. CheXpert's ``uncertainty``).
     """
     sc = scenario if isinstance(scenario, Scenario) else get_scenario(scenario)
-    pool, test = load_pool(dataset, data_path, size, seed, num_images, **(loader_options or {}))
-    parts = partition_indices(pool.labels, pool.task, sc, seed)
+    pool, test = load_pool(
+        dataset, data_path, size, seed, num_images, test_images=test_images, **(loader_options or {})
+    )
+    parts = partition_indices(pool.labels, pool.task, sc, seed, pool.class_names)
+    profiles = sc.profiles(seed) if sc.has_shift else [AcquisitionProfile()] * sc.num_sites
+    noise = sc.label_noise or (0.0,) * sc.num_sites
     sites: list[SiteData] = []
     for k, (name, rows) in enumerate(zip(sc.site_names, parts, strict=True)):
         local = pool.subset(rows)
-        if sc.shift > 0:
-            profile = site_profile(k, sc.shift, seed)
-            images = apply_acquisition_shift(local.images, profile, _derived_seed(seed, _SHIFT_NOISE, k))
+        if not profiles[k].is_identity:
+            images = apply_acquisition_shift(local.images, profiles[k], _derived_seed(seed, _SHIFT_NOISE, k))
             local = _with_images(local, images)
         local.meta.update(site=name, scenario=sc.name, dataset=dataset)
         train, val = _split_train_val(local, sc.val_fraction, np.random.default_rng([seed, _VAL_SPLIT, k]))
-        sites.append(SiteData(name=name, train=train, val=val))
-    if sc.shift > 0 and len(test):
-        owner = np.random.default_rng([seed, _TEST_SITE]).integers(sc.num_sites, size=len(test))
-        images = np.empty_like(test.images)
-        for k in np.unique(owner):
-            rows = owner == k
-            profile = site_profile(int(k), sc.shift, seed)
-            images[rows] = apply_acquisition_shift(
-                test.images[rows], profile, _derived_seed(seed, _SHIFT_NOISE, int(k), 1)
+        if noise[k] > 0:
+            flipped = flip_labels(
+                train.labels,
+                train.task,
+                noise[k],
+                np.random.default_rng([seed, _LABEL_NOISE, k]),
+                train.num_classes,
             )
-        test = _with_images(test, images)
+            train = replace(train, labels=flipped, meta={**train.meta, "label_noise": noise[k]})
+        sites.append(SiteData(name=name, train=train, val=val))
+    if sc.test_mix == "pool":
+        test = _pool_test_mix(test, sc, profiles, seed)
+    elif len(test):
+        test = _site_test_mix(pool, test, parts, sc, profiles, seed)
     test = _with_images(test, test.images, scenario=sc.name, dataset=dataset, split="test")
     return Federation(scenario=sc.name, sites=sites, test=test, sample_fraction=sc.sample_fraction)
+
+
+def _pool_test_mix(
+    test: LabeledImages, sc: Scenario, profiles: list[AcquisitionProfile], seed: int
+) -> LabeledImages:
+    """``test_mix`` "pool": the test rows as loaded, each image shifted by a uniformly drawn site's profile."""
+    if all(p.is_identity for p in profiles) or not len(test):
+        return test
+    owner = np.random.default_rng([seed, _TEST_SITE]).integers(sc.num_sites, size=len(test))
+    images = np.empty_like(test.images)
+    for k in np.unique(owner):
+        rows = owner == k
+        images[rows] = apply_acquisition_shift(
+            test.images[rows], profiles[int(k)], _derived_seed(seed, _SHIFT_NOISE, int(k), 1)
+        )
+    return _with_images(test, images)
+
+
+def domain_shares(sc: Scenario, site_sizes_: list[int]) -> np.ndarray:
+    """The test set's share per site-domain: 1/K (``equal``), n_k / n (``sizes``) or the given shares."""
+    if sc.test_mix == "equal":
+        w = np.ones(sc.num_sites)
+    elif sc.test_mix == "sizes":
+        w = np.asarray(site_sizes_, dtype=np.float64)
+    else:
+        w = np.asarray(sc.test_mix, dtype=np.float64)
+    return w / w.sum()
+
+
+def _site_test_mix(
+    pool: LabeledImages,
+    test: LabeledImages,
+    parts: list[np.ndarray],
+    sc: Scenario,
+    profiles: list[AcquisitionProfile],
+    seed: int,
+) -> LabeledImages:
+    """``test_mix`` by site-domain (see :func:`build_federation`); rows ordered by domain."""
+    rng = np.random.default_rng([seed, _TEST_MIX])
+    groups = primary_labels(np.concatenate([pool.labels, test.labels]), pool.task)
+    pool_groups, test_groups = groups[: len(pool)], groups[len(pool) :]
+    width = int(groups.max()) + 1
+    counts = _largest_remainder(domain_shares(sc, [len(p) for p in parts]), len(test))
+    wanted = np.stack(
+        [
+            _largest_remainder(np.bincount(pool_groups[rows], minlength=width), int(counts[k]))
+            for k, rows in enumerate(parts)
+        ]
+    )  # (K, groups): test rows of each group each domain wants
+    available = np.bincount(test_groups, minlength=width)
+    for g in np.flatnonzero(wanted.sum(axis=0) > available):  # a scarce group: shared pro rata
+        wanted[:, g] = _largest_remainder(wanted[:, g], int(available[g]))
+    free = np.ones(len(test), dtype=bool)
+    chosen, owner = [], []
+    for k in range(sc.num_sites):
+        taken = []
+        for g in np.flatnonzero(wanted[k]):
+            picked = _take(free & (test_groups == g), int(wanted[k, g]), rng)
+            free[picked] = False
+            taken.append(picked)
+        chosen.append(taken)
+    for k in range(sc.num_sites):  # then fill every domain up to m_k with random rows left
+        filler = _take(free, int(counts[k]) - sum(len(t) for t in chosen[k]), rng)
+        free[filler] = False
+        chosen[k] = np.sort(np.concatenate([*chosen[k], filler]).astype(np.int64))
+        owner.append(np.full(len(chosen[k]), k, dtype=np.int64))
+    mixed = test.subset(np.concatenate(chosen))
+    domain = np.concatenate(owner)
+    images = mixed.images
+    for k in range(sc.num_sites):
+        rows = domain == k
+        if rows.any() and not profiles[k].is_identity:
+            images[rows] = apply_acquisition_shift(
+                images[rows], profiles[k], _derived_seed(seed, _SHIFT_NOISE, k, 1)
+            )
+    return replace(mixed, images=images, domain=domain)

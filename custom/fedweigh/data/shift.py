@@ -80,6 +80,23 @@ def site_profile(site_index: int, strength: float = 1.0, seed: int = 0) -> Acqui
     )
 
 
+#: A degraded acquisition at strength 1: contrast exp(-0.5) ~ 0.61, blur 1.2 px (at 32 px), noise 0.06.
+_DEGRADED_LOG_CONTRAST, _DEGRADED_BLUR, _DEGRADED_NOISE = 0.5, 1.2, 0.06
+
+
+def degraded_profile(strength: float = 1.0) -> AcquisitionProfile:
+    """A uniformly worse scanner (old detector, poor exposure): contrast = exp(-0.5 s),
+    blur_sigma = 1.2 s px (at 32 px), noise_std = 0.06 s, gamma 1, offset 0; s = strength >= 0."""
+    if strength < 0:
+        raise ValueError(f"strength must be >= 0, got {strength}")
+    s = float(strength)
+    return AcquisitionProfile(
+        contrast=float(np.exp(-_DEGRADED_LOG_CONTRAST * s)),
+        noise_std=_DEGRADED_NOISE * s,
+        blur_sigma=_DEGRADED_BLUR * s,
+    )
+
+
 def apply_acquisition_shift(images: np.ndarray, profile: AcquisitionProfile, seed: int) -> np.ndarray:
     """Apply ``profile`` to float (N, C, H, W) images in [0, 1]; returns a new float32 array in [0, 1].
 

@@ -110,6 +110,7 @@ def load_site_from_scenario(
     size: int,
     seed: int,
     num_images: int | None,
+    test_images: int | None = None,
 ) -> tuple[SiteData, LabeledImages, int]:
     """A simulated site's splits, the global test set, and the scenario's number of sites."""
     fed = build_federation(
@@ -120,6 +121,7 @@ def load_site_from_scenario(
         seed=seed,
         num_images=num_images,
         loader_options=loader_options,
+        test_images=test_images,
     )
     try:
         site = fed.site(site_name)
@@ -161,4 +163,5 @@ def resolve_site_data(site_name: str, args, workspace: str | Path | None = None)
         size=args.size,
         seed=args.seed,
         num_images=args.num_images,
+        test_images=getattr(args, "test_images", None),
     )

@@ -1,0 +1,296 @@
+"""How much a method beats FedAvg: paired bootstrap intervals, the seed noise floor, the plateau check.
+
+- **Paired bootstrap over test images.** All methods of a (scenario, seed) share one test set, so a
+  method's test macro AUC and FedAvg's are compared on the same resamples of it. For resample b,
+  every test image i of seed s is drawn w_bi times (multinomial counts, sum N_s); the difference
+  D_s^b = AUC_method(w^b) - AUC_fedavg(w^b) is averaged over the seeds,
+  D^b = mean_s D_s^b, and the 95% interval is the 2.5th and 97.5th percentile of D^1..D^B.
+  The effect itself is mean_s (AUC_method - AUC_fedavg) on the full test sets.
+  The counts come from ``numpy.random.default_rng([bootstrap_seed, s])``: every method of a
+  (scenario, seed) sees the same resamples, and a rerun the same interval.
+- A finding (class) whose resample holds only positives or only negatives has no AUC: it is left out
+  of that resample's macro average, for the method and FedAvg alike (they share the labels).
+  A resample in which no finding qualifies is left out of the interval.
+- AUC with counts w (ties count one half, the Mann-Whitney form of ``roc_auc_score``):
+  AUC_j = sum_{pos p, neg n} w_p w_n ([s_p > s_n] + [s_p = s_n] / 2) / (W_pos W_neg).
+- **Noise floor** (``noise_floor``): per scenario and method, the standard deviation across seeds
+  (ddof 1) of the final test AUC; the floor is their mean over scenarios and methods. It needs at
+  least two seeds.
+- **Plateau** (``plateau_reached``): a cell reached its plateau when its test AUC gained less than
+  ``tol`` over the last third of its rounds, AUC(T) - AUC(t0) < tol with t0 the last scored round at
+  or before floor(2T / 3); undefined when t0 is round 0 (then nothing separates training from the
+  plateau: ``local`` is scored at rounds 0 and T only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedweigh.bench.cells import load_cell_scores
+from fedweigh.bench.stats import holm, wilcoxon_p
+from fedweigh.methods import parse_method
+
+#: The method every effect is measured against.
+REFERENCE_METHOD = "fedavg"
+#: Bootstrap resamples per (scenario, seed), and the seed of their counts.
+N_RESAMPLES, BOOTSTRAP_SEED = 1000, 0
+#: Two-sided interval level.
+CONFIDENCE = 0.95
+#: Plateau tolerance in AUC when the run has no noise floor (a single seed).
+PLATEAU_TOL_AUC = 0.005
+#: Resamples scored at once (bounds the memory: chunk x test images floats).
+_CHUNK = 100
+
+
+def indicator(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Labels as an (N, C) float array: multi-label as is (NaN = unknown), class indices one-hot."""
+    labels = np.asarray(labels)
+    if labels.ndim == 1:
+        return np.eye(num_classes, dtype=np.float64)[labels.astype(np.int64)]
+    return labels.astype(np.float64)
+
+
+def weighted_macro_auc(labels: np.ndarray, scores: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Macro AUC of ``scores`` (N, C) for each row of ``counts`` (B, N), shape (B,).
+
+    AUC_j = sum_{pos p, neg n} w_p w_n ([s_p > s_n] + [s_p = s_n] / 2) / (W_pos W_neg) over the
+    images with a known label j; a class without both labels in a row is left out of that row's mean
+    (NaN when no class qualifies). With counts of ones this is ``roc_auc_score``'s macro AUC.
+    """
+    y = indicator(labels, scores.shape[1])
+    counts = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    per_class = np.full((counts.shape[0], y.shape[1]), np.nan)
+    for j in range(y.shape[1]):
+        known = ~np.isnan(y[:, j])
+        order = np.argsort(scores[known, j], kind="stable")
+        s, pos = scores[known, j][order], y[known, j][order] == 1
+        w = counts[:, known][:, order]
+        # groups of tied scores: [start, end) in sorted order
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        pos_w = np.add.reduceat(w * pos, starts, axis=1)  # (B, G): positive weight per score group
+        neg_w = np.add.reduceat(w * ~pos, starts, axis=1)
+        neg_below = np.cumsum(neg_w, axis=1) - neg_w  # negative weight strictly below each group
+        pos_total, neg_total = pos_w.sum(axis=1), neg_w.sum(axis=1)
+        pairs = (pos_w * (neg_below + 0.5 * neg_w)).sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_class[:, j] = np.where(
+                (pos_total > 0) & (neg_total > 0), pairs / (pos_total * neg_total), np.nan
+            )
+    with np.errstate(invalid="ignore"):
+        valid = ~np.isnan(per_class)
+        total = np.where(valid, per_class, 0.0).sum(axis=1)
+        n = valid.sum(axis=1)
+        return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
+def resample_counts(n_images: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(B, N) bootstrap counts: how often each of N test images is drawn, N draws with replacement."""
+    return rng.multinomial(n_images, np.full(n_images, 1.0 / n_images), size=n_resamples)
+
+
+def bootstrap_aucs(
+    scores: np.ndarray,
+    labels: np.ndarray,
+    seed: int,
+    n_resamples: int = N_RESAMPLES,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, np.ndarray]:
+    """(AUC on the full test set, AUC on each of the seed's resamples (B,)).
+
+    ``scores`` (S, N, C): S models (``local``: one per site) are averaged per resample. The counts
+    depend on (``bootstrap_seed``, ``seed``) only, so every method of a seed gets the same resamples.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    scores = scores[None] if scores.ndim == 2 else scores
+    n = scores.shape[1]
+    full = float(np.mean([weighted_macro_auc(labels, s, np.ones((1, n)))[0] for s in scores]))
+    rng = np.random.default_rng([bootstrap_seed, int(seed)])
+    out = np.empty(n_resamples)
+    for lo in range(0, n_resamples, _CHUNK):
+        counts = resample_counts(n, min(_CHUNK, n_resamples - lo), rng)
+        out[lo : lo + len(counts)] = np.mean([weighted_macro_auc(labels, s, counts) for s in scores], axis=0)
+    return full, out
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A method's AUC minus FedAvg's: mean over seeds and its bootstrap interval."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "ci_low": self.ci_low, "ci_high": self.ci_high}
+
+
+def paired_effect(
+    method: Sequence[tuple[float, np.ndarray]],
+    reference: Sequence[tuple[float, np.ndarray]],
+    confidence: float = CONFIDENCE,
+) -> Effect | None:
+    """Effect from per-seed (full AUC, resampled AUCs) of a method and the reference on the same resamples.
+
+    mean = mean_s (A_s - R_s); interval = percentiles of D^b = mean_s (A_s^b - R_s^b), resamples with
+    an undefined D^b left out. None when no resample is defined.
+    """
+    if len(method) != len(reference) or not method:
+        raise ValueError("paired_effect: one (method, reference) pair per seed is needed")
+    diffs = np.stack([m[1] - r[1] for m, r in zip(method, reference, strict=True)])  # (seeds, B)
+    per_resample = diffs.mean(axis=0)
+    per_resample = per_resample[np.isfinite(per_resample)]
+    point = np.mean([m[0] - r[0] for m, r in zip(method, reference, strict=True)])
+    if per_resample.size == 0 or not np.isfinite(point):
+        return None
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(per_resample, [tail, 100.0 - tail])
+    return Effect(float(point), float(low), float(high))
+
+
+def noise_floor(final_auc: Sequence[tuple[str, str, int, float]]) -> float | None:
+    """Mean over (scenario, method) of the standard deviation across seeds (ddof 1) of the final test AUC.
+
+    ``final_auc``: (scenario, method, seed, AUC) rows. None with fewer than two seeds per cell group.
+    """
+    groups: dict[tuple[str, str], list[float]] = {}
+    for scenario, method, _, auc in final_auc:
+        if np.isfinite(auc):
+            groups.setdefault((scenario, method), []).append(float(auc))
+    sds = [float(np.std(v, ddof=1)) for v in groups.values() if len(v) >= 2]
+    return float(np.mean(sds)) if sds else None
+
+
+def plateau_reached(curve: Sequence[tuple[int, float]], rounds: int, tol: float) -> bool | None:
+    """Whether AUC(T) - AUC(t0) < ``tol``, t0 the last scored round <= floor(2T / 3); None when t0 = 0.
+
+    ``curve``: (round, test AUC) of the scored rounds, the last at round T = ``rounds``.
+    """
+    scored = {int(t): float(a) for t, a in curve if a is not None and np.isfinite(a)}
+    if rounds not in scored:
+        return None
+    earlier = [t for t in scored if t <= (2 * rounds) // 3]
+    t0 = max(earlier, default=0)
+    if t0 == 0:
+        return None
+    return bool(scored[rounds] - scored[t0] < tol)
+
+
+@dataclass
+class AgainstFedAvg:
+    """The effects against FedAvg of a run and what is undefined in it (``notes``: key -> why)."""
+
+    effects: dict[str, dict[str, Effect | None]] | None
+    wilcoxon_holm_p: dict[str, float | None] | None
+    noise_floor: float | None
+    plateau: dict[str, float | None]
+    plateau_tol: float
+    gm_05: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def _final_auc(record: dict) -> float:
+    rows = [r for r in record["rows"] if r.get("test_auc") is not None]
+    return float(rows[-1]["test_auc"]) if rows and rows[-1]["round"] == record["rounds"] else float("nan")
+
+
+def against_fedavg(
+    methods: Sequence[str],
+    scenarios: Sequence[str],
+    seeds: Sequence[int],
+    records: Sequence[dict],
+    cells_dir: Path,
+    n_resamples: int = N_RESAMPLES,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> AgainstFedAvg:
+    """Effects with intervals, Wilcoxon-Holm p, noise floor, plateau fractions and GM at 0.5 of a run.
+
+    Effects cover every method but FedAvg (references included); the Wilcoxon test and Holm's
+    correction cover the federated ones. GM at 0.5 (``gm_05``, per cell) is recomputed from the stored
+    test predictions (``local``: the mean over its site models; multi-class: the arg-max).
+    """
+    from fedweigh.metrics import geometric_mean
+
+    by_cell = {(r["scenario"], r["method"], int(r["seed"])): r for r in records}
+    notes: dict[str, str] = {}
+    floor = noise_floor([(sc, m, s, _final_auc(r)) for (sc, m, s), r in by_cell.items()])
+    if floor is None:
+        notes["noise_floor_auc"] = "needs at least two seeds"
+    tol = floor if floor is not None else PLATEAU_TOL_AUC
+    plateau: dict[str, float | None] = {}
+    for m in methods:
+        reached = [
+            plateau_reached(
+                [(r["round"], r.get("test_auc")) for r in rec["rows"] if r.get("test_auc") is not None],
+                int(rec["rounds"]),
+                tol,
+            )
+            for (_, method, _), rec in by_cell.items()
+            if method == m
+        ]
+        defined = [x for x in reached if x is not None]
+        plateau[m] = float(np.mean(defined)) if defined else None
+    if any(v is None for v in plateau.values()):
+        notes["plateau_reached"] = (
+            "null for a method none of whose cells has a scored round after round 0 and at or before 2T/3"
+        )
+    gm_05: dict[tuple[str, str, int], float] = {}
+    cached: dict[tuple[str, str, int], tuple[float, np.ndarray]] = {}
+    test_labels: dict[tuple[str, int], np.ndarray] = {}
+    for key, rec in by_cell.items():
+        loaded = load_cell_scores(cells_dir, rec["key"])
+        if loaded is None:
+            continue
+        scores, labels = loaded
+        shared = test_labels.setdefault((key[0], key[2]), labels)
+        if not np.array_equal(shared, labels, equal_nan=True):
+            raise ValueError(
+                f"cell {rec['key']}: its test labels differ from another method's of the same seed"
+            )
+        gm_05[key] = float(np.mean([geometric_mean(labels, s, 0.5)[0] for s in scores]))
+        if REFERENCE_METHOD in methods:
+            cached[key] = bootstrap_aucs(scores, labels, key[2], n_resamples, bootstrap_seed)
+    if REFERENCE_METHOD not in methods:
+        notes["effect_vs_fedavg"] = notes["wilcoxon_holm_p_auc"] = "FedAvg is not among the run's methods"
+        return AgainstFedAvg(None, None, floor, plateau, tol, gm_05, notes)
+    effects: dict[str, dict[str, Effect | None]] = {}
+    for m in methods:
+        if m == REFERENCE_METHOD:
+            continue
+        effects[m] = {}
+        for sc in scenarios:
+            pairs = [(cached.get((sc, m, int(s))), cached.get((sc, REFERENCE_METHOD, int(s)))) for s in seeds]
+            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            effects[m][sc] = paired_effect([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+    raw = {
+        m: wilcoxon_p([e.mean if e is not None else np.nan for e in effects[m].values()])
+        for m in effects
+        if parse_method(m).kind == "federated"
+    }
+    if any(p is None for p in raw.values()):
+        notes["wilcoxon_holm_p_auc"] = (
+            "null for a method whose per-scenario effects are all zero or undefined"
+        )
+    return AgainstFedAvg(effects, holm(raw), floor, plateau, tol, gm_05, notes)
+
+
+__all__ = [
+    "AgainstFedAvg",
+    "against_fedavg",
+    "BOOTSTRAP_SEED",
+    "CONFIDENCE",
+    "Effect",
+    "N_RESAMPLES",
+    "PLATEAU_TOL_AUC",
+    "REFERENCE_METHOD",
+    "bootstrap_aucs",
+    "indicator",
+    "noise_floor",
+    "paired_effect",
+    "plateau_reached",
+    "resample_counts",
+    "weighted_macro_auc",
+]

@@ -1,0 +1,178 @@
+"""The results tables of the docs, rebuilt from a run's committed ``summary.json`` and ``results.csv``.
+
+A table in a Markdown document is tied to its data by a marker on the line before it:
+
+    <!-- table: docs/results/RUN NAME -->
+
+RUN is the run's folder (relative to the repository root) holding ``summary.json`` and
+``results.csv``, NAME one of :func:`results_tables`' keys. A table whose run was not kept says so:
+
+    <!-- table: none (REASON) -->
+
+:func:`check_document` rebuilds every sourced table and returns the ones that differ from the text,
+so a number in the docs cannot drift from the data. ``python -m fedweigh.bench.tables RUN`` prints a
+run's tables with their markers, ready to paste.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from fedweigh.bench.report import (
+    RESULTS_CSV,
+    SUMMARY_JSON,
+    _fmt,
+    _scenario_table,
+    effect_overview_table,
+    effect_scenario_table,
+    final_table,
+    markdown_table,
+)
+
+#: ``<!-- table: RUN NAME -->`` (a sourced table) or ``<!-- table: none (REASON) -->``.
+MARKER = re.compile(r"^<!-- table: (?:none \((?P<reason>[^)]+)\)|(?P<run>\S+) (?P<name>\S+)) -->$")
+
+
+def methods_table(summary: dict, results: pd.DataFrame) -> str:
+    """method | mean AUC | mean GM | [accuracy |] avg rank AUC | avg rank GM (accuracy: multi-class runs,
+    the final round's mean over scenarios and seeds from results.csv)."""
+    methods, scenarios = summary["methods"], summary["scenarios"]
+    accuracy = final_table(results, "accuracy", methods, scenarios).mean(axis=0)
+    multiclass = bool(accuracy.notna().any())
+    header = [
+        "method",
+        "mean AUC",
+        "mean GM",
+        *(["accuracy"] if multiclass else []),
+        "avg rank AUC",
+        "avg rank GM",
+    ]
+    rows = []
+    for m in methods:
+        ranks = [summary[f"avg_rank_{k}"].get(m) for k in ("auc", "gm")]
+        rows.append(
+            [
+                m,
+                summary["mean_auc"][m],
+                summary["mean_gm"][m],
+                *([accuracy[m]] if multiclass else []),
+                *["-" if r is None else _fmt(r, 2) for r in ranks],
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def tests_table(summary: dict) -> str:
+    """metric | Friedman p | Nemenyi CD, for AUC and GM."""
+    rows = [
+        [k.upper(), _fmt(summary[f"friedman_p_{k}"], 4), _fmt(summary[f"nemenyi_cd_{k}"], 2)]
+        for k in ("auc", "gm")
+    ]
+    return markdown_table(["metric", "Friedman p", "Nemenyi CD"], rows)
+
+
+def results_tables(run: str | Path) -> dict[str, str]:
+    """Every table of a run by name: ``methods``, ``tests``, ``auc_by_scenario``, ``gm_by_scenario``,
+    and with FedAvg in the run ``effects`` and ``effects:SCENARIO``."""
+    run = Path(run)
+    summary = json.loads((run / SUMMARY_JSON).read_text())
+    results = pd.read_csv(run / RESULTS_CSV)
+    methods, scenarios = summary["methods"], summary["scenarios"]
+    tables = {
+        "methods": methods_table(summary, results),
+        "tests": tests_table(summary),
+        "auc_by_scenario": _scenario_table(final_table(results, "auc", methods, scenarios)),
+        "gm_by_scenario": _scenario_table(final_table(results, "gm", methods, scenarios)),
+    }
+    if summary.get("effect_vs_fedavg"):
+        tables["effects"] = effect_overview_table(summary)
+        tables.update({f"effects:{sc}": effect_scenario_table(summary, sc) for sc in scenarios})
+    return tables
+
+
+@dataclass(frozen=True)
+class MarkedTable:
+    """A Markdown table of a document and its marker: ``run``/``name``, or ``reason`` when none."""
+
+    line: int
+    run: str | None
+    name: str | None
+    reason: str | None
+    text: str
+
+
+def marked_tables(markdown: str) -> tuple[list[MarkedTable], list[int]]:
+    """(the tables with a marker on the line before, the 1-based first lines of tables without one)."""
+    lines = markdown.splitlines()
+    marked, unmarked = [], []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("|"):
+            i += 1
+            continue
+        start = i
+        while i < len(lines) and lines[i].startswith("|"):
+            i += 1
+        match = MARKER.match(lines[start - 1]) if start else None
+        if match is None:
+            unmarked.append(start + 1)
+            continue
+        text = "\n".join(lines[start:i])
+        marked.append(MarkedTable(start + 1, match["run"], match["name"], match["reason"], text))
+    return marked, unmarked
+
+
+def check_document(path: str | Path, root: str | Path) -> list[str]:
+    """Problems of a document's tables: an unmarked table, an unknown run or name, a table that differs
+    from its rebuild (with the rebuilt text). Empty when every sourced table is verbatim its data."""
+    path, root = Path(path), Path(root)
+    marked, unmarked = marked_tables(path.read_text())
+    problems = [f"{path.name}:{n}: table without a '<!-- table: ... -->' marker" for n in unmarked]
+    built: dict[str, dict[str, str]] = {}
+    for t in marked:
+        if t.run is None:
+            continue
+        run = root / t.run
+        if not (run / SUMMARY_JSON).is_file() or not (run / RESULTS_CSV).is_file():
+            problems.append(f"{path.name}:{t.line}: {t.run} lacks {SUMMARY_JSON} or {RESULTS_CSV}")
+            continue
+        tables = built.setdefault(t.run, results_tables(run))
+        if t.name not in tables:
+            problems.append(
+                f"{path.name}:{t.line}: no table {t.name!r} in {t.run}; tables: {', '.join(tables)}"
+            )
+        elif tables[t.name] != t.text:
+            problems.append(f"{path.name}:{t.line}: {t.run} {t.name} differs; rebuilt:\n{tables[t.name]}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print a run's tables, each under its marker."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m fedweigh.bench.tables RUN_DIR", file=sys.stderr)
+        return 2
+    run = argv[0].rstrip("/")
+    for name, text in results_tables(run).items():
+        print(f"<!-- table: {run} {name} -->\n{text}\n")
+    return 0
+
+
+__all__ = [
+    "MARKER",
+    "MarkedTable",
+    "check_document",
+    "marked_tables",
+    "methods_table",
+    "results_tables",
+    "tests_table",
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""User-defined scenarios: a JSON or YAML file describing sites, sizes, label mixes, shift, noise, test mix.
+
+Schema (docs/bench.md, "Your own scenario"; every key but ``name`` and the sites is optional)::
+
+    name: my-hospitals            # letters, digits, '.', '_', '-'; not a catalogue name
+    description: free text
+    partition: sites              # sites (default) | iid | quantity | label | quantity+label
+    alpha: 0.5                    # iid/quantity/label partitions only, as in the catalogue
+    quantity_alpha: 1.0           # quantity+label only
+    num_sites: 4                  # catalogue partitions: instead of a list of sites
+    shift: 1.0                    # one acquisition-shift strength for every site
+    sample_fraction: 1.0          # fraction of sites sampled per round, in (0, 1]
+    val_fraction: 0.1             # in [0, 1)
+    test_mix: pool                # pool | equal | sizes | [one share per site]
+    sites:
+      - name: big-hospital        # default site-1, site-2, ...
+        size: 1200                # rows (or share: 0.5; every site the same kind); sites partition only
+        labels: pool              # pool | balanced | {alpha: 0.5} | {prevalence: {hernia: 0.2}}
+        shift: 1.0                # a strength, "degraded", {degraded: 0.5} or {contrast:, gamma:,
+                                  #   noise_std:, blur_sigma:, offset:}
+        label_noise: 0.3          # fraction of training labels flipped, in [0, 1)
+
+Every error is one line naming the file, the field and what is allowed, e.g.
+``scenario file my.yaml: sites[2].size: expected a positive integer, got "64"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedweigh.data.scenarios import (
+    PARTITIONS,
+    SCENARIOS,
+    TEST_MIXES,
+    Scenario,
+    SiteLabels,
+)
+from fedweigh.data.shift import AcquisitionProfile, degraded_profile
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TOP_KEYS = (
+    "name",
+    "description",
+    "partition",
+    "alpha",
+    "quantity_alpha",
+    "num_sites",
+    "shift",
+    "sample_fraction",
+    "val_fraction",
+    "test_mix",
+    "sites",
+)
+_SITE_KEYS = ("name", "size", "share", "labels", "shift", "label_noise")
+_PROFILE_KEYS = ("contrast", "gamma", "noise_std", "blur_sigma", "offset")
+
+
+class ScenarioFileError(ValueError):
+    """A scenario file that cannot be read or breaks the schema (one-line message)."""
+
+
+class _Reader:
+    """Checks values of one file and raises :class:`ScenarioFileError` naming file and field."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, field: str, expected: str, value: Any) -> None:
+        raise ScenarioFileError(
+            f"scenario file {self.path.name}: {field}: expected {expected}, got {_show(value)}"
+        )
+
+    def number(
+        self, field: str, value: Any, low: float, high: float, *, low_open: bool, high_open: bool
+    ) -> float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = (
+            ok
+            and (value > low if low_open else value >= low)
+            and (value < high if high_open else value <= high)
+        )
+        if not ok:
+            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+            upper = "inf" if high == float("inf") else f"{high:g}"
+            self.fail(field, f"a number in {lo}{low:g}, {upper}{hi}", value)
+        return float(value)
+
+    def positive_int(self, field: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.fail(field, "a positive integer", value)
+        return int(value)
+
+    def choice(self, field: str, value: Any, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            self.fail(field, "one of " + ", ".join(allowed), value)
+        return str(value)
+
+    def keys(self, field: str, mapping: dict, allowed: tuple[str, ...]) -> None:
+        unknown = [k for k in mapping if k not in allowed]
+        if unknown:
+            self.fail(f"{field}{unknown[0]}", "a known key (" + ", ".join(allowed) + ")", unknown[0])
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _read_mapping(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ScenarioFileError(f"scenario file {path}: cannot be read ({e.strerror or e})") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ScenarioFileError(
+            f"scenario file {path.name}: not valid {path.suffix[1:].upper()}: {first}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ScenarioFileError(
+            f"scenario file {path.name}: expected a mapping of scenario fields, got {_show(data)}"
+        )
+    return data
+
+
+def _labels(r: _Reader, field: str, value: Any) -> SiteLabels:
+    if value in (None, "pool"):
+        return SiteLabels()
+    if value == "balanced":
+        return SiteLabels("balanced")
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("alpha", "prevalence"):
+        r.fail(field, "pool, balanced, {alpha: A} or {prevalence: {FINDING: P, ...}}", value)
+    if "alpha" in value:
+        alpha = r.number(f"{field}.alpha", value["alpha"], 0, float("inf"), low_open=True, high_open=True)
+        return SiteLabels("alpha", alpha=alpha)
+    table = value["prevalence"]
+    if not isinstance(table, dict) or not table:
+        r.fail(f"{field}.prevalence", "a mapping of finding names to fractions", table)
+    pairs = tuple(
+        (str(name), r.number(f"{field}.prevalence.{name}", p, 0, 1, low_open=False, high_open=False))
+        for name, p in table.items()
+    )
+    return SiteLabels("prevalence", prevalence=pairs)
+
+
+def _shift(r: _Reader, field: str, value: Any) -> float | AcquisitionProfile:
+    if value == "degraded":
+        return degraded_profile(1.0)
+    if isinstance(value, dict) and set(value) == {"degraded"}:
+        s = r.number(f"{field}.degraded", value["degraded"], 0, float("inf"), low_open=False, high_open=True)
+        return degraded_profile(s)
+    if isinstance(value, dict):
+        r.keys(f"{field}.", value, _PROFILE_KEYS)
+        params = {}
+        for key, v in value.items():
+            positive = key in ("contrast", "gamma")
+            low = 0.0 if key != "offset" else -1.0
+            params[key] = r.number(f"{field}.{key}", v, low, float("inf"), low_open=positive, high_open=True)
+        return AcquisitionProfile(**params)
+    expected = (
+        'a strength >= 0, "degraded", {degraded: S} or {contrast:, gamma:, noise_std:, blur_sigma:, offset:}'
+    )
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        r.fail(field, expected, value)
+    return float(value)
+
+
+def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenario:
+    """The :class:`Scenario` a parsed scenario file describes (module docstring); ScenarioFileError otherwise."""
+    r = _Reader(Path(path))
+    r.keys("", data, _TOP_KEYS)
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        r.fail("name", "a name of letters, digits, '.', '_' and '-'", name)
+    if name in SCENARIOS:
+        r.fail("name", "a name that is not a catalogue scenario's", name)
+    description = data.get("description", f"scenario file {Path(path).name}")
+    if not isinstance(description, str):
+        r.fail("description", "text", description)
+    raw_sites = data.get("sites")
+    partition = r.choice("partition", data.get("partition", "sites"), PARTITIONS)
+    if raw_sites is None:
+        if partition == "sites":
+            r.fail("sites", "a list of sites (a 'sites' partition gives each site its size)", raw_sites)
+        raw_sites = [{} for _ in range(r.positive_int("num_sites", data.get("num_sites")))]
+    elif not isinstance(raw_sites, list) or not raw_sites:
+        r.fail("sites", "a non-empty list of sites", raw_sites)
+    elif "num_sites" in data and data["num_sites"] != len(raw_sites):
+        r.fail("num_sites", f"the number of sites listed ({len(raw_sites)})", data["num_sites"])
+    kw: dict[str, Any] = {}
+    if partition in ("iid", "sites"):
+        for key in ("alpha", "quantity_alpha"):
+            if key in data:
+                r.fail(
+                    key,
+                    f"no {key} with partition {partition!r} (per-site labels go under sites[i].labels)",
+                    data[key],
+                )
+    else:
+        kw["alpha"] = r.number("alpha", data.get("alpha"), 0, float("inf"), low_open=True, high_open=True)
+    if partition == "quantity+label":
+        q = data.get("quantity_alpha")
+        kw["quantity_alpha"] = r.number("quantity_alpha", q, 0, float("inf"), low_open=True, high_open=True)
+    elif "quantity_alpha" in data and partition not in ("iid", "sites"):
+        r.fail(
+            "quantity_alpha",
+            "no quantity_alpha (only partition 'quantity+label' takes one)",
+            data["quantity_alpha"],
+        )
+    names, sizes, shares, labels, shifts, noise = [], [], [], [], [], []
+    for i, site in enumerate(raw_sites):
+        at = f"sites[{i}]"
+        if not isinstance(site, dict):
+            r.fail(at, "a mapping of site fields", site)
+        r.keys(f"{at}.", site, _SITE_KEYS)
+        site_name = site.get("name", f"site-{i + 1}")
+        if not isinstance(site_name, str) or not _NAME.fullmatch(site_name) or site_name in names:
+            r.fail(f"{at}.name", "a new site name of letters, digits, '.', '_' and '-'", site_name)
+        names.append(site_name)
+        if partition != "sites":
+            for key in ("size", "share", "labels"):
+                if key in site:
+                    r.fail(
+                        f"{at}.{key}",
+                        f"no {key} with partition {partition!r} (use partition: sites)",
+                        site[key],
+                    )
+        else:
+            if ("size" in site) == ("share" in site):
+                r.fail(
+                    at,
+                    "exactly one of size (rows) or share (of the pool)",
+                    {k: site.get(k) for k in ("size", "share")},
+                )
+            if "size" in site:
+                sizes.append(r.positive_int(f"{at}.size", site["size"]))
+            else:
+                shares.append(
+                    r.number(f"{at}.share", site["share"], 0, float("inf"), low_open=True, high_open=True)
+                )
+            labels.append(_labels(r, f"{at}.labels", site.get("labels")))
+        shifts.append(_shift(r, f"{at}.shift", site.get("shift", 0.0)))
+        noise.append(
+            r.number(f"{at}.label_noise", site.get("label_noise", 0.0), 0, 1, low_open=False, high_open=True)
+        )
+    if sizes and shares:
+        r.fail(
+            "sites",
+            "every site with a size or every site with a share, not both",
+            f"{len(sizes)} sizes and {len(shares)} shares",
+        )
+    if any(s < 2 for s in sizes):
+        r.fail(
+            f"sites[{next(i for i, s in enumerate(sizes) if s < 2)}].size",
+            "at least 2 rows (one train, one val)",
+            min(sizes),
+        )
+    k = len(raw_sites)
+    if "shift" in data:
+        if any(s != 0.0 for s in shifts):
+            r.fail("shift", "either shift for all sites or sites[i].shift, not both", data["shift"])
+        kw["shift"] = r.number("shift", data["shift"], 0, float("inf"), low_open=False, high_open=True)
+    elif any(s != 0.0 for s in shifts):
+        kw["site_shift"] = tuple(shifts)
+    test_mix = data.get("test_mix", "pool")
+    if isinstance(test_mix, list):
+        if len(test_mix) != k:
+            r.fail("test_mix", f"{k} shares (one per site)", test_mix)
+        test_mix = tuple(
+            r.number(f"test_mix[{i}]", w, 0, float("inf"), low_open=False, high_open=True)
+            for i, w in enumerate(test_mix)
+        )
+        if not sum(test_mix) > 0:
+            r.fail("test_mix", "shares that are not all 0", list(test_mix))
+    else:
+        r.choice("test_mix", test_mix, (*TEST_MIXES, "[shares]"))
+    try:
+        return Scenario(
+            name=name,
+            description=description,
+            num_sites=k,
+            partition=partition,  # type: ignore[arg-type]
+            sample_fraction=r.number(
+                "sample_fraction", data.get("sample_fraction", 1.0), 0, 1, low_open=True, high_open=False
+            ),
+            val_fraction=r.number(
+                "val_fraction", data.get("val_fraction", 0.1), 0, 1, low_open=False, high_open=True
+            ),
+            site_counts=tuple(sizes) if sizes else None,
+            site_shares=tuple(shares) if shares else None,
+            site_labels=tuple(labels)
+            if partition == "sites" and any(m.kind != "pool" for m in labels)
+            else None,
+            label_noise=tuple(noise) if any(noise) else None,
+            test_mix=test_mix,
+            names=tuple(names) if names != [f"site-{i + 1}" for i in range(k)] else None,
+            **kw,
+        )
+    except ScenarioFileError:
+        raise
+    except ValueError as e:  # a combination the checks above let through
+        raise ScenarioFileError(f"scenario file {Path(path).name}: {e}") from None
+
+
+def load_scenario_file(path: str | Path) -> Scenario:
+    """The :class:`Scenario` in the JSON (``.json``) or YAML (any other suffix) file ``path``."""
+    path = Path(path)
+    return scenario_from_mapping(_read_mapping(path), path)
