@@ -61,3 +61,37 @@ def lines(ax) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         for line in ax.get_lines()
         if not line.get_label().startswith("_")
     }
+
+
+def effect_points(fig) -> dict[str, dict[str, tuple[float, float, float, bool]]]:
+    """scenario (panel title) -> method (y tick label) -> (mean, ci_low, ci_high, filled) of a forest
+    plot drawn with ``errorbar``; ``filled``: the marker is filled (the effect counts)."""
+    from matplotlib.colors import to_rgba
+
+    shown: dict[str, dict[str, tuple[float, float, float, bool]]] = {}
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.containers:
+            continue
+        names = {
+            round(float(t), 6): lab.get_text()
+            for t, lab in zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)
+        }
+        panel = shown.setdefault(ax.get_title(), {})
+        for container in ax.containers:
+            marker, _, (bars, *_) = container.lines
+            x, y = float(marker.get_xdata()[0]), float(marker.get_ydata()[0])
+            ((low, _), (high, _)) = bars.get_segments()[0]
+            filled = to_rgba(marker.get_markerfacecolor()) != to_rgba("white")
+            panel[names[round(y, 6)]] = (x, float(low), float(high), filled)
+    return shown
+
+
+def noise_band(ax) -> tuple[float, float] | None:
+    """(low, high) x-extent of the grey noise-floor band of a forest-plot panel, None without one."""
+    from matplotlib.patches import Polygon, Rectangle
+
+    for patch in ax.patches:
+        if isinstance(patch, Rectangle | Polygon) and patch.get_label().startswith("noise floor"):
+            xs = patch.get_path().transformed(patch.get_patch_transform()).vertices[:, 0]
+            return float(xs.min()), float(xs.max())
+    return None

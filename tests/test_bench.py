@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scikit_posthocs as sp
-from figures import assert_weights_plot, captured_figures, lines
+from figures import assert_weights_plot, captured_figures, effect_points, lines
 from scipy.stats import friedmanchisquare, rankdata
 
 from fedweigh.bench import make_config, parse_method, run_bench, run_cell
@@ -174,7 +174,7 @@ def test_smoke_average_ranks_agree_with_the_final_scores(smoke):
 def test_smoke_writes_plots_and_report(smoke):
     config, _, out = smoke
     plots = out / "plots"
-    expected = [plots / "cd_auc.png", plots / "cd_gm.png"]
+    expected = [plots / "cd_auc.png", plots / "cd_gm.png", plots / "effects_vs_fedavg.png"]
     for scenario in config.scenarios:
         expected += [plots / "auc_by_round" / f"{scenario}.png", plots / "roc" / f"{scenario}.png"]
         expected += [plots / "dca" / f"{scenario}.png"]
@@ -184,8 +184,23 @@ def test_smoke_writes_plots_and_report(smoke):
     assert set(expected) <= set(SMOKE_FIGURES)
     assert not (plots / "confusion").exists()  # multi-label data: no confusion matrices
     report = (out / "report.md").read_text()
-    for word in ("precision", "recall", "f1", "specificity", "Friedman p", "centralized", "cd_auc.png"):
+    words = ("precision", "recall", "f1", "specificity", "Friedman p", "centralized", "cd_auc.png")
+    for word in (*words, "![plots/effects_vs_fedavg.png]"):
         assert word in report
+
+
+def test_smoke_effects_plot_shows_the_summarys_effects(smoke):
+    config, _, out = smoke
+    summary = json.loads((out / "summary.json").read_text())
+    shown = effect_points(SMOKE_FIGURES[out / "plots" / "effects_vs_fedavg.png"])
+    assert set(shown) == set(config.scenarios)
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        for scenario, e in by_scenario.items():
+            if e is None:
+                assert method not in shown[scenario]
+                continue
+            mean, low, high, _ = shown[scenario][method]
+            assert (mean, low, high) == pytest.approx((e["mean"], e["ci_low"], e["ci_high"]), abs=1e-12)
 
 
 def test_smoke_plots_show_the_recorded_results(smoke):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from figures import captured_figures, effect_points, noise_band
 from scipy.stats import wilcoxon
 
 from fedweigh.bench.cells import cell_key, store_cell
@@ -21,6 +22,7 @@ from fedweigh.bench.effects import (
     resample_counts,
     weighted_macro_auc,
 )
+from fedweigh.bench.plots import plot_effects
 from fedweigh.bench.report import effect_tables
 from fedweigh.bench.stats import holm, wilcoxon_p
 from fedweigh.metrics import geometric_mean, macro_auc
@@ -240,3 +242,44 @@ def test_report_names_the_effects_within_the_noise_floor():
     assert "- within the noise floor (|effect| < 0.0100): feddraw\n" in text
     assert "| feddraw | +0.0040 | [-0.0100, +0.0200] | no |" in text
     assert "| fedbb | -0.0500 | [-0.0700, -0.0300] | yes |" in text
+
+
+def _two_effects_summary() -> dict:
+    return {
+        "scenarios": ["sc", "other"],
+        "effect_vs_fedavg": {
+            "feddraw": {
+                "sc": {"mean": 0.004, "ci_low": -0.01, "ci_high": 0.02},
+                "other": {"mean": 0.03, "ci_low": 0.02, "ci_high": 0.04},
+            },
+            "fedbb": {"sc": {"mean": -0.05, "ci_low": -0.07, "ci_high": -0.03}, "other": None},
+            "fedadp": {"sc": {"mean": 0.005, "ci_low": 0.001, "ci_high": 0.009}, "other": None},
+        },
+        "noise_floor_auc": 0.01,
+    }
+
+
+def test_effects_plot_draws_each_effect_with_its_interval_and_the_noise_floor(tmp_path):
+    summary = _two_effects_summary()
+    path = tmp_path / "effects.png"
+    with captured_figures() as figures:
+        plot_effects(summary, path, "effects")
+    fig = figures[path]
+    assert path.stat().st_size > 2000
+    # filled = the interval excludes 0 and |effect| > floor: fedbb, and feddraw on "other"; not feddraw
+    # on "sc" (interval holds 0) nor fedadp (interval excludes 0, effect within the floor)
+    assert effect_points(fig) == {
+        "sc": {
+            "feddraw": (0.004, -0.01, 0.02, False),
+            "fedbb": (-0.05, -0.07, -0.03, True),
+            "fedadp": (0.005, 0.001, 0.009, False),
+        },
+        "other": {"feddraw": (0.03, 0.02, 0.04, True)},
+    }
+    for ax in fig.axes:
+        assert noise_band(ax) == pytest.approx((-0.01, 0.01))
+
+
+def test_effects_plot_needs_effects(tmp_path):
+    with pytest.raises(ValueError, match="no effects against FedAvg"):
+        plot_effects({"scenarios": ["sc"], "effect_vs_fedavg": None}, tmp_path / "e.png", "run")

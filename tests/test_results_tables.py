@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from figures import captured_figures, effect_points
 
 from fedweigh.bench.report import RESULT_COLUMNS
 from fedweigh.bench.tables import check_document, main, marked_tables, results_tables
@@ -163,3 +164,16 @@ def test_the_module_prints_every_table_under_its_marker(tmp_path, capsys):
     out = capsys.readouterr().out
     for name, text in results_tables(run).items():
         assert f"<!-- table: {run} {name} -->\n{text}\n" in out
+
+
+def test_the_module_draws_a_runs_effects_from_its_summary(tmp_path, capsys):
+    run = _run(tmp_path)
+    png = tmp_path / "effects.png"
+    with captured_figures() as figures:
+        assert main([str(run), "--effects-plot", str(png)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    shown = effect_points(figures[png])
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        for scenario, e in by_scenario.items():
+            assert shown[scenario][method][:3] == pytest.approx((e["mean"], e["ci_low"], e["ci_high"]))
+    assert f"wrote {png}" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The benchmark's figures (PNG, matplotlib Agg): critical-difference diagrams, AUC by round, client
-weights, ROC curves, decision curves and multi-class confusion matrices."""
+"""The benchmark's figures (PNG, matplotlib Agg): critical-difference diagrams, AUC by round, effects
+against FedAvg, client weights, ROC curves, decision curves and multi-class confusion matrices."""
 
 from __future__ import annotations
 
@@ -120,6 +120,57 @@ def plot_auc_by_round(
     return plot_metric_curves(
         curves, path, "round", "test macro AUC", f"{scenario}: AUC by round", references, integer_x=True
     )
+
+
+def plot_effects(summary: Mapping, path: str | Path, title: str) -> Path:
+    """Forest plot of ``summary["effect_vs_fedavg"]``: one panel per scenario, one row per method, the
+    paired effect on test AUC (method - FedAvg) with its 95% bootstrap interval; the grey band is the
+    seed-to-seed noise floor (+-``noise_floor_auc``), the line at 0 is FedAvg. Filled markers: the
+    interval excludes 0 and |effect| exceeds the floor."""
+    effects = summary.get("effect_vs_fedavg")
+    if not effects:
+        raise ValueError(f"{title}: summary has no effects against FedAvg")
+    scenarios = list(summary["scenarios"])
+    methods = [m for m in effects if any(effects[m].get(sc) for sc in scenarios)]
+    if not methods:
+        raise ValueError(f"{title}: every effect against FedAvg is empty")
+    floor = summary.get("noise_floor_auc")
+    plt = _pyplot()
+    cols = min(len(scenarios), 2)
+    rows = -(-len(scenarios) // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(5.2 * cols, 0.7 + 0.32 * len(methods) * rows + 0.6 * rows), squeeze=False
+    )
+    y = np.arange(len(methods))[::-1]
+    for ax, scenario in zip(axes.flat, scenarios, strict=False):
+        if floor:
+            ax.axvspan(-floor, floor, color="0.85", zorder=0, label=f"noise floor (+-{floor:.4f})")
+        ax.axvline(0.0, color="0.3", linewidth=0.8, zorder=1)
+        for yi, method in zip(y, methods, strict=True):
+            e = effects[method].get(scenario)
+            if e is None:
+                continue
+            mean, low, high = e["mean"], e["ci_low"], e["ci_high"]
+            counts = (low > 0 or high < 0) and (floor is None or abs(mean) > floor)
+            color = "tab:green" if counts and mean > 0 else "tab:red" if counts else "tab:gray"
+            ax.errorbar(
+                mean,
+                yi,
+                xerr=[[mean - low], [high - mean]],
+                fmt="o",
+                color=color,
+                mfc=color if counts else "white",
+                capsize=3,
+                zorder=2,
+            )
+        ax.set_yticks(y, methods)
+        ax.set_title(scenario, fontsize=10)
+        ax.set_xlabel("test AUC - FedAvg (95% CI)")
+        ax.grid(axis="x", alpha=0.3)
+    for ax in list(axes.flat)[len(scenarios) :]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return _save(fig, path)
 
 
 def plot_roc(

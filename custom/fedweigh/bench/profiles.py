@@ -33,7 +33,6 @@ from fedweigh.data.scenarios import SCENARIOS
 from fedweigh.methods import ALL_METHODS
 from fedweigh.site import ClientArgs
 
-
 #: The standard profile's methods: each claim of the three papers with the ablation that carries it.
 STANDARD_METHODS = ("fedavg", "feddraw", "fedadp", "fedbb", "fedbb-pnb", "fedbb-cbr", "dafl", "dafl-loss")
 

@@ -28,6 +28,7 @@ RESULTS_CSV = "results.csv"
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
 PLOTS_DIR = "plots"
+EFFECTS_PNG = "effects_vs_fedavg.png"
 
 _TEST_METRICS = (
     "auc",
@@ -495,7 +496,9 @@ def write_report(
         lines += ["## Figures", ""]
         for path in plots:
             rel = path.relative_to(out).as_posix()
-            if rel.startswith(f"{PLOTS_DIR}/cd_") or rel.startswith(f"{PLOTS_DIR}/auc_by_round/"):
+            if rel.startswith(
+                (f"{PLOTS_DIR}/cd_", f"{PLOTS_DIR}/auc_by_round/", f"{PLOTS_DIR}/{EFFECTS_PNG}")
+            ):
                 lines.append(f"![{rel}]({rel})")
             else:
                 lines.append(f"- [{rel}]({rel})")
@@ -535,5 +538,8 @@ def write_outputs(
     plots = write_plots(config, records, results, comparisons, out)
     summary = build_summary(config, results, comparisons, time.perf_counter() - start, against, n_resamples)
     (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=1))
+    if summary["effect_vs_fedavg"]:
+        title = f"{config.dataset}: effects against FedAvg on test AUC"
+        plots.insert(0, bp.plot_effects(summary, out / PLOTS_DIR / EFFECTS_PNG, title))
     write_report(config, records, results, summary, comparisons, plots, out)
     return summary

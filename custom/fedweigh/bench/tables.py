@@ -153,14 +153,29 @@ def check_document(path: str | Path, root: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print a run's tables, each under its marker."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m fedweigh.bench.tables RUN_DIR", file=sys.stderr)
-        return 2
-    run = argv[0].rstrip("/")
+    """Print a run's tables, each under its marker; with ``--effects-plot PNG`` also draw its effects
+    against FedAvg (:func:`fedweigh.bench.plots.plot_effects`) from its summary.json."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fedweigh.bench.tables",
+        description="Print the Markdown tables of a benchmark run (summary.json + results.csv).",
+    )
+    parser.add_argument("run", help="the run's directory (holding summary.json and results.csv)")
+    parser.add_argument("--effects-plot", metavar="PNG", help="also draw the effects against FedAvg here")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    run = args.run.rstrip("/")
     for name, text in results_tables(run).items():
         print(f"<!-- table: {run} {name} -->\n{text}\n")
+    if args.effects_plot:
+        from fedweigh.bench.plots import plot_effects
+
+        summary = json.loads((Path(run) / SUMMARY_JSON).read_text())
+        if not summary.get("effect_vs_fedavg"):
+            print(f"{run}/{SUMMARY_JSON}: no effect_vs_fedavg (FedAvg not in the run)", file=sys.stderr)
+            return 2
+        title = f"{summary.get('dataset', Path(run).name)}: effects against FedAvg on test AUC"
+        print(f"wrote {plot_effects(summary, args.effects_plot, title)}", file=sys.stderr)
     return 0
 
 
