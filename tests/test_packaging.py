@@ -91,3 +91,32 @@ def test_make_demo_installs_no_dev_tools_and_make_test_does():
     assert demo_installs, rules["demo"]
     assert not any("[dev]" in c for c in demo_installs), demo_installs
     assert any("[dev]" in c for c in _commands(rules, "test") if "pip install" in c)
+
+
+def test_every_distribution_the_tests_import_is_declared_for_make_test():
+    """`make test` installs `.[dev]`: whatever the tests import must come from the package's own
+    dependencies or the dev extra, never from something that happens to be installed here."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {Requirement(r).name.lower() for r in project["dependencies"]}
+    declared |= {Requirement(r).name.lower() for r in project["optional-dependencies"]["dev"]}
+    # the tests' own helpers and the examples' scripts they load (examples/*/ on sys.path)
+    helpers = {p.stem for p in (ROOT / "tests").glob("*.py")} | {
+        p.stem for p in (ROOT / "examples").rglob("*.py")
+    }
+    imported: set[str] = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    imported -= set(sys.stdlib_module_names) | helpers | {"fedweigh"}
+    by_module = metadata.packages_distributions()
+    undeclared = {
+        module: sorted(by_module.get(module, ["(not installed)"]))
+        for module in sorted(imported)
+        if not {d.lower() for d in by_module.get(module, [])} & declared
+    }
+    # pytest plugins and packaging come with the dev extra's pytest itself
+    undeclared.pop("packaging", None)
+    assert not undeclared, f"tests import these without a declaration in pyproject.toml: {undeclared}"

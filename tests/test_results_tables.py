@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from figures import captured_figures, effect_points
 
-from fedweigh.bench.report import RESULT_COLUMNS
+from fedweigh.bench.report import RESULT_COLUMNS, seeds_above_table
 from fedweigh.bench.tables import check_document, main, marked_tables, results_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +103,12 @@ def test_the_tables_show_the_runs_numbers(tmp_path):
         "| feddraw | +0.0000 | 1 of 2 | 1.0000 | 0.50 |",
         "| centralized | +0.1000 | 2 of 2 | not tested | 1.00 |",
     ]
+    assert tables["seeds_above_fedavg"].splitlines() == [
+        "| method | a | b | all |",
+        "|---|---|---|---|",
+        "| feddraw | 1 of 1 | 0 of 1 | 1 of 2 |",
+        "| centralized | 1 of 1 | 1 of 1 | 2 of 2 |",
+    ]
     multiclass = results_tables(_run(tmp_path / "mc", multiclass=True))["methods"]
     assert (
         multiclass.splitlines()[0]
@@ -177,3 +183,21 @@ def test_the_module_draws_a_runs_effects_from_its_summary(tmp_path, capsys):
         for scenario, e in by_scenario.items():
             assert shown[scenario][method][:3] == pytest.approx((e["mean"], e["ci_low"], e["ci_high"]))
     assert f"wrote {png}" in capsys.readouterr().err
+
+
+def test_seeds_above_fedavg_counts_each_seeds_final_round():
+    """Only the final round counts, per (scenario, seed); a tie is not above; a missing seed is not counted."""
+    rows = []
+    final = {  # (scenario, seed) -> (fedavg, x)
+        ("a", 0): (0.60, 0.61),
+        ("a", 1): (0.70, 0.70),
+        ("a", 2): (0.65, 0.66),
+        ("b", 0): (0.50, 0.40),
+    }
+    for (sc, seed), (ref, x) in final.items():
+        for method, auc in (("fedavg", ref), ("x", x)):
+            rows.append({"scenario": sc, "method": method, "seed": seed, "round": 0, "auc": 0.99})
+            rows.append({"scenario": sc, "method": method, "seed": seed, "round": 5, "auc": auc})
+    rows.append({"scenario": "b", "method": "fedavg", "seed": 1, "round": 5, "auc": 0.5})  # x lacks seed 1
+    table = seeds_above_table(pd.DataFrame(rows), ["fedavg", "x"], ["a", "b"])
+    assert table.splitlines()[2:] == ["| x | 2 of 3 | 0 of 1 | 2 of 4 |"]

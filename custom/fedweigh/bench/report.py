@@ -356,6 +356,30 @@ def effect_overview_table(summary: dict) -> str:
     return markdown_table(header, rows)
 
 
+def seeds_above_table(results: pd.DataFrame, methods: Sequence[str], scenarios: Sequence[str]) -> str:
+    """Per method and scenario, in how many seeds its final test AUC is above FedAvg's ("k of n").
+
+    The bootstrap interval covers the test images only; this counts how often a new seed (data,
+    partition, initialisation, shuffles) keeps the sign of the effect.
+    """
+    last = results["round"] == results.groupby(["scenario", "method", "seed"])["round"].transform("max")
+    final = results[last]
+
+    def auc_of(method: str) -> pd.Series:
+        return final[final["method"] == method].set_index(["scenario", "seed"])["auc"]
+
+    reference = auc_of(REFERENCE_METHOD)
+    rows = []
+    for m in methods:
+        if m == REFERENCE_METHOD:
+            continue
+        diff = (auc_of(m) - reference).dropna()
+        by_scenario = [diff[diff.index.get_level_values("scenario") == sc] for sc in scenarios]
+        cells = [f"{int((d > 0).sum())} of {len(d)}" for d in by_scenario]
+        rows.append([m, *cells, f"{int((diff > 0).sum())} of {len(diff)}"])
+    return markdown_table(["method", *scenarios, "all"], rows)
+
+
 def effect_tables(summary: dict) -> list[str]:
     """report.md's effects against FedAvg, from summary.json alone: per scenario the effect on test AUC
     with its bootstrap interval and a line naming the effects within the noise floor; per method the
@@ -485,6 +509,16 @@ def write_report(
             "",
         ]
     lines += effect_tables(summary)
+    if summary["effect_vs_fedavg"] and len(config.seeds) > 1:
+        lines += [
+            "### Seeds above FedAvg",
+            "",
+            "In how many seeds the method's final test AUC is above FedAvg's (the interval above covers the "
+            "test images; this, a new draw of data, partition, initialisation and shuffles).",
+            "",
+            seeds_above_table(results, methods, scenarios),
+            "",
+        ]
     for metric in ("auc", "gm"):
         comp = comparisons[metric]
         if comp.pvalues is None:

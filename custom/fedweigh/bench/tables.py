@@ -33,6 +33,7 @@ from fedweigh.bench.report import (
     effect_scenario_table,
     final_table,
     markdown_table,
+    seeds_above_table,
 )
 
 #: ``<!-- table: RUN NAME -->`` (a sourced table) or ``<!-- table: none (REASON) -->``.
@@ -79,7 +80,7 @@ def tests_table(summary: dict) -> str:
 
 def results_tables(run: str | Path) -> dict[str, str]:
     """Every table of a run by name: ``methods``, ``tests``, ``auc_by_scenario``, ``gm_by_scenario``,
-    and with FedAvg in the run ``effects`` and ``effects:SCENARIO``."""
+    and with FedAvg in the run ``effects``, ``effects:SCENARIO`` and ``seeds_above_fedavg``."""
     run = Path(run)
     summary = json.loads((run / SUMMARY_JSON).read_text())
     results = pd.read_csv(run / RESULTS_CSV)
@@ -92,6 +93,7 @@ def results_tables(run: str | Path) -> dict[str, str]:
     }
     if summary.get("effect_vs_fedavg"):
         tables["effects"] = effect_overview_table(summary)
+        tables["seeds_above_fedavg"] = seeds_above_table(results, methods, scenarios)
         tables.update({f"effects:{sc}": effect_scenario_table(summary, sc) for sc in scenarios})
     return tables
 
