@@ -145,13 +145,17 @@ def _numbers(message: dict) -> tuple[list[np.ndarray], np.ndarray]:
 
 
 def _contains(sequence: np.ndarray, target: np.ndarray) -> bool:
+    """Whether ``target`` occurs as a contiguous run of ``sequence`` (each entry within np.isclose's
+    tolerances, atol 1e-6): the candidate starts are narrowed one entry at a time, vectorised."""
     n = target.size
     if sequence.size < n:
         return False
-    for start in np.flatnonzero(np.isclose(sequence[: sequence.size - n + 1], target[0], atol=1e-6)):
-        if np.allclose(sequence[start : start + n], target, atol=1e-6):
-            return True
-    return False
+    starts = np.flatnonzero(np.isclose(sequence[: sequence.size - n + 1], target[0], atol=1e-6))
+    for k in range(1, n):
+        if not starts.size:
+            break
+        starts = starts[np.isclose(sequence[starts + k], target[k], atol=1e-6)]
+    return bool(starts.size)
 
 
 @pytest.mark.slow

@@ -126,6 +126,12 @@ def test_recipe_takes_a_monai_network_and_an_initial_checkpoint(tmp_path, monkey
     assert persistor["model"]["path"].endswith("DenseNet121")
     assert persistor["source_ckpt_file_full_name"] == "start.pt"
     assert (job / "app" / "custom" / "start.pt").is_file()
+    # the sites import MONAI from their installation: the job carries none of its sources (NVFlare's
+    # export would otherwise copy MONAI, NumPy, matplotlib, ... into custom/, about 74 MB)
+    custom = job / "app" / "custom"
+    shipped = [p.relative_to(custom) for p in custom.rglob("*") if p.is_file()]
+    assert not any(p.parts[0] == "monai" for p in shipped), shipped[:5]
+    assert sum((custom / p).stat().st_size for p in shipped) < 2 * (custom / "start.pt").stat().st_size
 
 
 def test_statistics_follow_the_scheme_not_fedweighs_loss(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from figures import captured_figures, effect_points
 
 from fedweigh.bench.report import RESULT_COLUMNS, seeds_above_table
-from fedweigh.bench.tables import check_document, main, marked_tables, results_tables
+from fedweigh.bench.tables import check_document, main, marked_tables, results_tables, site_weight_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_MD = ROOT / "docs" / "results.md"
@@ -201,3 +201,17 @@ def test_seeds_above_fedavg_counts_each_seeds_final_round():
     rows.append({"scenario": "b", "method": "fedavg", "seed": 1, "round": 5, "auc": 0.5})  # x lacks seed 1
     table = seeds_above_table(pd.DataFrame(rows), ["fedavg", "x"], ["a", "b"])
     assert table.splitlines()[2:] == ["| x | 2 of 3 | 0 of 1 | 2 of 4 |"]
+
+
+def test_site_weight_is_the_mean_over_the_rounds_and_seeds_the_site_took_part_in():
+    rows = []
+    for seed, weights in ((0, [0.2, 0.4]), (1, [0.6, None])):  # seed 1, round 2: site-1 not sampled
+        rows.append({"scenario": "a", "method": "m", "seed": seed, "round": 0, "weights": "{}"})
+        for t, w in enumerate(weights, start=1):
+            shares = {"site-2": 0.5} if w is None else {"site-1": w, "site-2": 1 - w}
+            rows.append(
+                {"scenario": "a", "method": "m", "seed": seed, "round": t, "weights": json.dumps(shares)}
+            )
+    rows.append({"scenario": "a", "method": "centralized", "seed": 0, "round": 1, "weights": "{}"})
+    table = site_weight_table(pd.DataFrame(rows), ["m", "centralized"], ["a"], "site-1")
+    assert table.splitlines()[2:] == ["| a | 0.4000 | - |"]

@@ -69,6 +69,18 @@ def methods_table(summary: dict, results: pd.DataFrame) -> str:
     return markdown_table(header, rows)
 
 
+def site_weight_table(results: pd.DataFrame, methods: list[str], scenarios: list[str], site: str) -> str:
+    """scenario | one column per method: ``site``'s aggregation weight, mean over the rounds and seeds
+    in which it took part (``-`` where it never did, e.g. centralized)."""
+    weights = results[results["round"] >= 1].copy()
+    weights["w"] = [json.loads(w).get(site) if isinstance(w, str) else None for w in weights["weights"]]
+    weights = weights.dropna(subset=["w"])
+    table = weights.groupby(["scenario", "method"])["w"].mean().unstack("method")
+    table = table.reindex(index=list(scenarios), columns=list(methods)).astype(float)
+    rows = [[sc, *table.loc[sc].tolist()] for sc in table.index]
+    return markdown_table(["scenario", *methods], rows)
+
+
 def tests_table(summary: dict) -> str:
     """metric | Friedman p | Nemenyi CD, for AUC and GM."""
     rows = [
@@ -80,6 +92,7 @@ def tests_table(summary: dict) -> str:
 
 def results_tables(run: str | Path) -> dict[str, str]:
     """Every table of a run by name: ``methods``, ``tests``, ``auc_by_scenario``, ``gm_by_scenario``,
+    ``site_weight:site-1`` (the first site's mean aggregation weight),
     and with FedAvg in the run ``effects``, ``effects:SCENARIO`` and ``seeds_above_fedavg``."""
     run = Path(run)
     summary = json.loads((run / SUMMARY_JSON).read_text())
@@ -91,6 +104,7 @@ def results_tables(run: str | Path) -> dict[str, str]:
         "auc_by_scenario": _scenario_table(final_table(results, "auc", methods, scenarios)),
         "gm_by_scenario": _scenario_table(final_table(results, "gm", methods, scenarios)),
     }
+    tables["site_weight:site-1"] = site_weight_table(results, methods, scenarios, "site-1")
     if summary.get("effect_vs_fedavg"):
         tables["effects"] = effect_overview_table(summary)
         tables["seeds_above_fedavg"] = seeds_above_table(results, methods, scenarios)
