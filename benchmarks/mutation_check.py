@@ -9,6 +9,8 @@ path. A mutation is *caught* when at least one of its tests fails; it *survives*
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_check.py --out mutations.json
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_check.py --check          # edits apply?
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_check.py --only dp-sgd-noise-constant
+    PYTHONPATH=custom .venv/bin/python benchmarks/mutation_check.py \\
+        --markdown docs/results/mutations/mutations.json                # docs/testing.md's table
 
 The last line is ``mutations: N tried, N caught, N survived``; ``--out`` writes each mutation with
 its tests, the tests that failed, pytest's exit code and the time taken. Generated test data are
@@ -216,6 +218,40 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_controller_run.py::test_memory_gc_rounds_frees_memory_in_those_rounds",),
     ),
     Mutation(
+        "validate-task-no-timeout",
+        "the final validation task waits for every site without train_timeout",
+        "custom/fedweigh/flare/controller.py",
+        "            results = self.ask_sites(TASK_VALIDATE, final, willing, 1)",
+        "            results = self.broadcast_model(task_name=TASK_VALIDATE, data=final, targets=willing)",
+        ("tests/test_controller_run.py::test_train_timeout_applies_to_every_task",),
+    ),
+    Mutation(
+        "he-hospitals-disagree",
+        "one hospital's decrypted global model differs from the others' by 1e-6 (the POC's exact agreement)",
+        "custom/fedweigh/flare/client.py",
+        "                atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=job_id)), **decrypted)",
+        "                if site_name.endswith('-b'):\n"
+        "                    decrypted = {k: v + (v.dtype.kind == 'f') * v.dtype.type(1e-6) for k, v in decrypted.items()}\n"
+        "                atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=job_id)), **decrypted)",
+        ("tests/test_poc.py::test_he_model_updates_with_the_kits_contexts",),
+    ),
+    Mutation(
+        "aggregator-round-off-by-one",
+        "FedweighAggregator weighs round t with round t+1's schedule",
+        "custom/fedweigh/flare/aggregator.py",
+        "        round_index = min(self.num_rounds, current + 1)",
+        "        round_index = min(self.num_rounds, current + 2)",
+        ("tests/test_aggregator.py",),
+    ),
+    Mutation(
+        "demo-table-columns-swapped",
+        "fedweigh demo prints validation AUC under test_gm",
+        "custom/fedweigh/cli.py",
+        "            f\"{r['round']:>5}  {fmt(r.get('test_auc'))}    {fmt(r.get('test_gm'))}    \"",
+        "            f\"{r['round']:>5}  {fmt(r.get('test_auc'))}    {fmt(r.get('val_auc'))}    \"",
+        ("tests/test_cli.py", "tests/test_demo_progress.py"),
+    ),
+    Mutation(
         "test-dependency-undeclared",
         "a package the tests import (psutil) is no longer declared in the dev extra",
         "pyproject.toml",
@@ -291,13 +327,29 @@ def run_tests(mutation: Mutation, tree: Path, timeout: int) -> dict:
     seconds = time.perf_counter() - start
     output = proc.stdout + proc.stderr
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)))
+    first_error = next((line[1:].strip() for line in output.splitlines() if line.startswith("E ")), "")
     return {
         "returncode": proc.returncode,
         "failed": failed,
         "caught": proc.returncode == 1 and bool(failed),
+        "first_error": first_error[:300],
         "seconds": round(seconds, 1),
         "last_line": output.strip().splitlines()[-1] if output.strip() else "",
     }
+
+
+def _short(nodeid: str) -> str:
+    """``tests/test_x.py::test_y[p]`` -> ``test_x.py::test_y``."""
+    return nodeid.removeprefix("tests/").split("[", 1)[0]
+
+
+def markdown(results: list[dict]) -> str:
+    """docs/testing.md's table of a run: mutation | what it breaks | tests that failed."""
+    lines = ["| mutation | what it breaks | tests that failed on it |", "|---|---|---|"]
+    for r in results:
+        failed = ", ".join(f"`{t}`" for t in dict.fromkeys(_short(t) for t in r["failed"])) or "**none**"
+        lines.append(f"| `{r['name']}` | {r['breaks']} | {failed} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that every edit applies")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per mutation's tests")
+    parser.add_argument("--markdown", metavar="JSON", help="print the docs' table of a run's JSON and stop")
     args = parser.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return 0
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
     unknown = set(args.only or ()) - {m.name for m in MUTATIONS}
     if unknown:
