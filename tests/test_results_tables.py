@@ -59,6 +59,7 @@ def _run(tmp_path: Path, multiclass: bool = False) -> Path:
         "scenarios": ["a", "b"],
         "mean_auc": {"feddraw": 0.675, "fedavg": 0.675, "centralized": 0.775},
         "mean_gm": {"feddraw": 0.465, "fedavg": 0.475, "centralized": 0.575},
+        "mean_gm_05": {"feddraw": 0.3, "fedavg": 0.2, "centralized": None},
         "avg_rank_auc": {"feddraw": 1.5, "fedavg": 1.5},
         "avg_rank_gm": {"feddraw": 1.5, "fedavg": 1.5},
         "friedman_p_auc": None,
@@ -85,9 +86,9 @@ def _run(tmp_path: Path, multiclass: bool = False) -> Path:
 def test_the_tables_show_the_runs_numbers(tmp_path):
     tables = results_tables(_run(tmp_path))
     assert tables["methods"].splitlines()[2:] == [
-        "| feddraw | 0.6750 | 0.4650 | 1.50 | 1.50 |",
-        "| fedavg | 0.6750 | 0.4750 | 1.50 | 1.50 |",
-        "| centralized | 0.7750 | 0.5750 | - | - |",
+        "| feddraw | 0.6750 | 0.4650 | 0.3000 | 1.50 | 1.50 |",
+        "| fedavg | 0.6750 | 0.4750 | 0.2000 | 1.50 | 1.50 |",
+        "| centralized | 0.7750 | 0.5750 | - | - | - |",
     ]
     assert tables["tests"].splitlines()[2:] == ["| AUC | - | - |", "| GM | - | - |"]
     assert tables["auc_by_scenario"].splitlines()[2:] == [
@@ -112,9 +113,9 @@ def test_the_tables_show_the_runs_numbers(tmp_path):
     multiclass = results_tables(_run(tmp_path / "mc", multiclass=True))["methods"]
     assert (
         multiclass.splitlines()[0]
-        == "| method | mean AUC | mean GM | accuracy | avg rank AUC | avg rank GM |"
+        == "| method | mean AUC | mean GM | GM at 0.5 | accuracy | avg rank AUC | avg rank GM |"
     )
-    assert multiclass.splitlines()[2] == "| feddraw | 0.6750 | 0.4650 | 0.5600 | 1.50 | 1.50 |"
+    assert multiclass.splitlines()[2] == "| feddraw | 0.6750 | 0.4650 | 0.3000 | 0.5600 | 1.50 | 1.50 |"
 
 
 def _document(run: Path, root: Path, names: list[str]) -> Path:

@@ -41,8 +41,9 @@ MARKER = re.compile(r"^<!-- table: (?:none \((?P<reason>[^)]+)\)|(?P<run>\S+) (?
 
 
 def methods_table(summary: dict, results: pd.DataFrame) -> str:
-    """method | mean AUC | mean GM | [accuracy |] avg rank AUC | avg rank GM (accuracy: multi-class runs,
-    the final round's mean over scenarios and seeds from results.csv)."""
+    """method | mean AUC | mean GM | GM at 0.5 | [accuracy |] avg rank AUC | avg rank GM (GM at 0.5:
+    ``mean_gm_05``; accuracy: multi-class runs, the final round's mean over scenarios and seeds from
+    results.csv)."""
     methods, scenarios = summary["methods"], summary["scenarios"]
     accuracy = final_table(results, "accuracy", methods, scenarios).mean(axis=0)
     multiclass = bool(accuracy.notna().any())
@@ -50,6 +51,7 @@ def methods_table(summary: dict, results: pd.DataFrame) -> str:
         "method",
         "mean AUC",
         "mean GM",
+        "GM at 0.5",
         *(["accuracy"] if multiclass else []),
         "avg rank AUC",
         "avg rank GM",
@@ -62,6 +64,7 @@ def methods_table(summary: dict, results: pd.DataFrame) -> str:
                 m,
                 summary["mean_auc"][m],
                 summary["mean_gm"][m],
+                (summary.get("mean_gm_05") or {}).get(m),
                 *([accuracy[m]] if multiclass else []),
                 *["-" if r is None else _fmt(r, 2) for r in ranks],
             ]
