@@ -11,7 +11,14 @@ import pytest
 from figures import captured_figures, effect_points
 
 from fedweigh.bench.report import RESULT_COLUMNS, seeds_above_table
-from fedweigh.bench.tables import check_document, main, marked_tables, results_tables, site_weight_table
+from fedweigh.bench.tables import (
+    check_document,
+    main,
+    marked_tables,
+    replicate_table,
+    results_tables,
+    site_weight_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_MD = ROOT / "docs" / "results.md"
@@ -110,12 +117,19 @@ def test_the_tables_show_the_runs_numbers(tmp_path):
         "| feddraw | 1 of 1 | 0 of 1 | 1 of 2 |",
         "| centralized | 1 of 1 | 1 of 1 | 2 of 2 |",
     ]
-    multiclass = results_tables(_run(tmp_path / "mc", multiclass=True))["methods"]
+    assert "accuracy_by_scenario" not in tables  # multi-label: no accuracy
+    multiclass_tables = results_tables(_run(tmp_path / "mc", multiclass=True))
+    multiclass = multiclass_tables["methods"]
     assert (
         multiclass.splitlines()[0]
         == "| method | mean AUC | mean GM | GM at 0.5 | accuracy | avg rank AUC | avg rank GM |"
     )
     assert multiclass.splitlines()[2] == "| feddraw | 0.6750 | 0.4650 | 0.3000 | 0.5600 | 1.50 | 1.50 |"
+    assert multiclass_tables["accuracy_by_scenario"].splitlines()[2:] == [
+        "| a | 0.6100 | 0.6000 | 0.7000 |",
+        "| b | 0.5100 | 0.5500 | 0.6500 |",
+        "| **mean** | 0.5600 | 0.5750 | 0.6750 |",
+    ]
 
 
 def _document(run: Path, root: Path, names: list[str]) -> Path:
@@ -216,3 +230,50 @@ def test_site_weight_is_the_mean_over_the_rounds_and_seeds_the_site_took_part_in
     rows.append({"scenario": "a", "method": "centralized", "seed": 0, "round": 1, "weights": "{}"})
     table = site_weight_table(pd.DataFrame(rows), ["m", "centralized"], ["a"], "site-1")
     assert table.splitlines()[2:] == ["| a | 0.4000 | - |"]
+
+
+def _final_rows(final: dict[tuple[str, str, int], float]) -> pd.DataFrame:
+    rows = []
+    for (sc, m, seed), auc in final.items():
+        rows.append({"scenario": sc, "method": m, "seed": seed, "round": 0, "auc": 0.5})
+        rows.append({"scenario": sc, "method": m, "seed": seed, "round": 3, "auc": auc})
+    return pd.DataFrame(rows).reindex(columns=list(RESULT_COLUMNS))
+
+
+def test_replicate_table_sets_the_shared_cells_of_two_runs_side_by_side(tmp_path):
+    """Per method: how far a rerun moved its final AUCs, each run's mean effect, the cells whose sign kept."""
+    first = {
+        ("a", "fedavg", 0): 0.70,
+        ("a", "x", 0): 0.72,
+        ("a", "fedavg", 1): 0.60,
+        ("a", "x", 1): 0.59,
+        ("a", "y", 0): 0.80,  # only in the first run: not compared
+    }
+    second = {
+        ("a", "fedavg", 0): 0.71,
+        ("a", "x", 0): 0.75,
+        ("a", "fedavg", 1): 0.60,
+        ("a", "x", 1): 0.61,
+        ("b", "fedavg", 0): 0.50,
+        ("b", "x", 0): 0.40,  # scenario b only in the second run
+    }
+    for name, final in (("one", first), ("two", second)):
+        (tmp_path / name).mkdir()
+        _final_rows(final).to_csv(tmp_path / name / "results.csv", index=False)
+    table = replicate_table(tmp_path / "one", tmp_path / "two")
+    assert table.splitlines() == [
+        "| method | cells | mean abs. dAUC | max abs. dAUC | effect, one | effect, two | same sign |",
+        "|---|---|---|---|---|---|---|",
+        "| fedavg | 2 | 0.0050 | 0.0100 | - | - | - |",
+        # effects: one (+0.02, -0.01) -> +0.005; two (+0.04, +0.01) -> +0.025; seed 1 flipped sign
+        "| x | 2 | 0.0250 | 0.0300 | +0.0050 | +0.0250 | 1 of 2 |",
+    ]
+    # in a document: verbatim passes, a changed figure is named with the rebuilt table
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# R\n\n<!-- table: one replicate:two -->\n{table}\n")
+    assert check_document(doc, tmp_path) == []
+    doc.write_text(doc.read_text().replace("1 of 2", "2 of 2"))
+    problems = check_document(doc, tmp_path)
+    assert len(problems) == 1 and "one replicate:two differs" in problems[0] and "1 of 2" in problems[0]
+    doc.write_text(f"# R\n\n<!-- table: one replicate:gone -->\n{table}\n")
+    assert "gone lacks results.csv" in check_document(doc, tmp_path)[0]

@@ -5,7 +5,9 @@ A table in a Markdown document is tied to its data by a marker on the line befor
     <!-- table: docs/results/RUN NAME -->
 
 RUN is the run's folder (relative to the repository root) holding ``summary.json`` and
-``results.csv``, NAME one of :func:`results_tables`' keys. A table whose run was not kept says so:
+``results.csv``, NAME one of :func:`results_tables`' keys, or ``replicate:OTHER`` with OTHER another
+run's folder: the same cells of both runs side by side (:func:`replicate_table`). A table whose run
+was not kept says so:
 
     <!-- table: none (REASON) -->
 
@@ -22,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from fedweigh.bench.report import (
@@ -84,6 +87,55 @@ def site_weight_table(results: pd.DataFrame, methods: list[str], scenarios: list
     return markdown_table(["scenario", *methods], rows)
 
 
+def _final_cells(results: pd.DataFrame) -> pd.Series:
+    """Final-round test AUC per (scenario, method, seed)."""
+    last = results["round"] == results.groupby(["scenario", "method", "seed"])["round"].transform("max")
+    return results[last].set_index(["scenario", "method", "seed"])["auc"].astype(float)
+
+
+def replicate_table(run: str | Path, other: str | Path, reference: str = "fedavg") -> str:
+    """The cells two runs share, side by side: how far a rerun moves a cell, and whether effects keep.
+
+    method | cells | mean |dAUC| | max |dAUC| | effect, RUN | effect, OTHER | same sign: for each method
+    of both runs, over the (scenario, seed) cells both hold: dAUC is the difference of a cell's final
+    test AUC between the runs; an effect is the method's final AUC minus ``reference``'s in the same
+    (scenario, seed), its mean over the shared cells in each run; "same sign" counts the cells whose
+    effect has the same sign in both runs (``-`` on the reference's own row).
+    """
+    a = _final_cells(pd.read_csv(Path(run) / RESULTS_CSV))
+    b = _final_cells(pd.read_csv(Path(other) / RESULTS_CSV))
+    shared = a.index.intersection(b.index)
+    methods = [m for m in dict.fromkeys(shared.get_level_values("method"))]
+    if reference in methods:  # the reference first, then the methods in the first run's order
+        methods = [reference, *[m for m in methods if m != reference]]
+    rows = []
+    for m in methods:
+        cells = [c for c in shared if c[1] == m]
+        diff = np.abs(np.array([a[c] - b[c] for c in cells]))
+        effects = None
+        if m != reference:
+            paired = [c for c in cells if (c[0], reference, c[2]) in shared]
+            ea = np.array([a[c] - a[(c[0], reference, c[2])] for c in paired])
+            eb = np.array([b[c] - b[(c[0], reference, c[2])] for c in paired])
+            if len(paired):
+                effects = (
+                    f"{ea.mean():+.4f}",
+                    f"{eb.mean():+.4f}",
+                    f"{int(np.sum(np.sign(ea) == np.sign(eb)))} of {len(paired)}",
+                )
+        rows.append([m, str(len(cells)), diff.mean(), diff.max(), *(effects or ("-", "-", "-"))])
+    header = [
+        "method",
+        "cells",
+        "mean abs. dAUC",
+        "max abs. dAUC",
+        f"effect, {Path(run).name}",
+        f"effect, {Path(other).name}",
+        "same sign",
+    ]
+    return markdown_table(header, rows)
+
+
 def tests_table(summary: dict) -> str:
     """metric | Friedman p | Nemenyi CD, for AUC and GM."""
     rows = [
@@ -95,7 +147,8 @@ def tests_table(summary: dict) -> str:
 
 def results_tables(run: str | Path) -> dict[str, str]:
     """Every table of a run by name: ``methods``, ``tests``, ``auc_by_scenario``, ``gm_by_scenario``,
-    ``site_weight:site-1`` (the first site's mean aggregation weight),
+    ``accuracy_by_scenario`` (multi-class runs), ``site_weight:site-1`` (the first site's mean
+    aggregation weight),
     and with FedAvg in the run ``effects``, ``effects:SCENARIO`` and ``seeds_above_fedavg``."""
     run = Path(run)
     summary = json.loads((run / SUMMARY_JSON).read_text())
@@ -107,6 +160,9 @@ def results_tables(run: str | Path) -> dict[str, str]:
         "auc_by_scenario": _scenario_table(final_table(results, "auc", methods, scenarios)),
         "gm_by_scenario": _scenario_table(final_table(results, "gm", methods, scenarios)),
     }
+    accuracy = final_table(results, "accuracy", methods, scenarios)
+    if accuracy.notna().any().any():  # multi-class runs: AUC saturates long before accuracy does
+        tables["accuracy_by_scenario"] = _scenario_table(accuracy)
     tables["site_weight:site-1"] = site_weight_table(results, methods, scenarios, "site-1")
     if summary.get("effect_vs_fedavg"):
         tables["effects"] = effect_overview_table(summary)
@@ -158,6 +214,14 @@ def check_document(path: str | Path, root: str | Path) -> list[str]:
         if t.run is None:
             continue
         run = root / t.run
+        if t.name.startswith("replicate:"):
+            other = t.name.split(":", 1)[1]
+            missing = [r for r in (t.run, other) if not (root / r / RESULTS_CSV).is_file()]
+            if missing:
+                problems.append(f"{path.name}:{t.line}: {', '.join(missing)} lacks {RESULTS_CSV}")
+            elif (rebuilt := replicate_table(run, root / other)) != t.text:
+                problems.append(f"{path.name}:{t.line}: {t.run} {t.name} differs; rebuilt:\n{rebuilt}")
+            continue
         if not (run / SUMMARY_JSON).is_file() or not (run / RESULTS_CSV).is_file():
             problems.append(f"{path.name}:{t.line}: {t.run} lacks {SUMMARY_JSON} or {RESULTS_CSV}")
             continue
@@ -182,10 +246,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("run", help="the run's directory (holding summary.json and results.csv)")
     parser.add_argument("--effects-plot", metavar="PNG", help="also draw the effects against FedAvg here")
+    parser.add_argument(
+        "--replicate", metavar="OTHER", help="also compare the cells this run shares with run OTHER"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     run = args.run.rstrip("/")
     for name, text in results_tables(run).items():
         print(f"<!-- table: {run} {name} -->\n{text}\n")
+    if args.replicate:
+        other = args.replicate.rstrip("/")
+        print(f"<!-- table: {run} replicate:{other} -->\n{replicate_table(run, other)}\n")
     if args.effects_plot:
         from fedweigh.bench.plots import plot_effects
 
@@ -204,6 +274,7 @@ __all__ = [
     "check_document",
     "marked_tables",
     "methods_table",
+    "replicate_table",
     "results_tables",
     "tests_table",
 ]
