@@ -104,6 +104,23 @@ def test_a_copy_of_fedavg_has_effect_zero_on_every_resample(tmp_path):
     assert e.mean == 0.0 and e.ci_low == 0.0 and e.ci_high == 0.0
 
 
+def test_cells_scored_in_parallel_give_the_same_numbers(tmp_path):
+    """jobs=2 scores the cells in two processes: every effect, p-value and GM at 0.5 is the serial one."""
+    rng = np.random.default_rng(5)
+    labels, scores = _multilabel(rng)
+    records = []
+    for seed in (0, 1):
+        for method, noise in (("fedavg", 0.5), ("feddraw", 0.3), ("fedbb", 0.6)):
+            noisy = np.round(labels * (1 - noise) + rng.random(labels.shape) * noise, 2)
+            records.append(_store(tmp_path, "sc", method, seed, noisy, labels))
+    args = (["fedavg", "feddraw", "fedbb"], ["sc"], [0, 1], records, tmp_path)
+    serial = against_fedavg(*args, n_resamples=50)
+    parallel = against_fedavg(*args, n_resamples=50, jobs=2)
+    assert parallel.effects == serial.effects and parallel.effects["feddraw"]["sc"] is not None
+    assert parallel.wilcoxon_holm_p == serial.wilcoxon_holm_p
+    assert parallel.gm_05 == serial.gm_05 and len(serial.gm_05) == 6
+
+
 def test_perfect_scores_beat_fedavg_with_an_interval_excluding_zero(tmp_path):
     rng = np.random.default_rng(3)
     labels, scores = _multilabel(rng)

@@ -68,3 +68,17 @@ def test_feddraw_study_in_methods_md_comes_from_its_json():
     ]
     missing = [line for line in expected if line not in doc]
     assert not missing, missing
+
+
+def test_effects_scoring_figures_in_bench_md_come_from_its_benchmark():
+    bench = json.loads((ROOT / "docs/results/engine/bench_effects.json").read_text())
+    doc = " ".join((ROOT / "docs/bench.md").read_text().split())
+    expected = [
+        f"**{bench['new_seconds_jobs']:.1f} s** with {bench['jobs']} processes",
+        f"against **{bench['landed_seconds']:.1f} s** before (**{bench['speedup_jobs']:.2f}x**)",
+        f"{bench['speedup_one_process']:.1f} times faster per process",
+        f"that run's {bench['cells']} cells",
+    ]
+    missing = [line for line in expected if line not in doc]
+    assert not missing, f"docs/bench.md does not quote docs/results/engine/bench_effects.json: {missing}"
+    assert bench["identical"] is True

@@ -24,7 +24,9 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,22 +62,27 @@ def weighted_macro_auc(labels: np.ndarray, scores: np.ndarray, counts: np.ndarra
     AUC_j = sum_{pos p, neg n} w_p w_n ([s_p > s_n] + [s_p = s_n] / 2) / (W_pos W_neg) over the
     images with a known label j; a class without both labels in a row is left out of that row's mean
     (NaN when no class qualifies). With counts of ones this is ``roc_auc_score``'s macro AUC.
+
+    Per class the negatives are sorted once; for every positive, ``searchsorted`` finds the negatives
+    strictly below its score and those tied with it, so each row needs one cumulative sum of the
+    negatives' counts: sum_p w_p (W_neg(< s_p) + W_neg(= s_p) / 2). With whole-number counts every sum
+    is exact in float64, so the result does not depend on the order of the additions.
     """
     y = indicator(labels, scores.shape[1])
     counts = np.atleast_2d(np.asarray(counts, dtype=np.float64))
     per_class = np.full((counts.shape[0], y.shape[1]), np.nan)
     for j in range(y.shape[1]):
-        known = ~np.isnan(y[:, j])
-        order = np.argsort(scores[known, j], kind="stable")
-        s, pos = scores[known, j][order], y[known, j][order] == 1
-        w = counts[:, known][:, order]
-        # groups of tied scores: [start, end) in sorted order
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        pos_w = np.add.reduceat(w * pos, starts, axis=1)  # (B, G): positive weight per score group
-        neg_w = np.add.reduceat(w * ~pos, starts, axis=1)
-        neg_below = np.cumsum(neg_w, axis=1) - neg_w  # negative weight strictly below each group
-        pos_total, neg_total = pos_w.sum(axis=1), neg_w.sum(axis=1)
-        pairs = (pos_w * (neg_below + 0.5 * neg_w)).sum(axis=1)
+        pos, neg = np.flatnonzero(y[:, j] == 1), np.flatnonzero(y[:, j] == 0)  # NaN: unknown, in neither
+        if pos.size == 0 or neg.size == 0:
+            continue
+        neg = neg[np.argsort(scores[neg, j], kind="stable")]
+        below = np.searchsorted(scores[neg, j], scores[pos, j], side="left")  # negatives < s_p
+        up_to = np.searchsorted(scores[neg, j], scores[pos, j], side="right")  # negatives <= s_p
+        cum = np.zeros((counts.shape[0], neg.size + 1))
+        np.cumsum(counts[:, neg], axis=1, out=cum[:, 1:])
+        pos_w = counts[:, pos]
+        pairs = (pos_w * (cum[:, below] + cum[:, up_to])).sum(axis=1) / 2.0
+        pos_total, neg_total = pos_w.sum(axis=1), cum[:, -1]
         with np.errstate(divide="ignore", invalid="ignore"):
             per_class[:, j] = np.where(
                 (pos_total > 0) & (neg_total > 0), pairs / (pos_total * neg_total), np.nan
@@ -192,6 +199,25 @@ class AgainstFedAvg:
     notes: dict[str, str] = field(default_factory=dict)
 
 
+def _cell_statistics(
+    cells_dir: Path, key: str, seed: int, n_resamples: int, bootstrap_seed: int, bootstrap: bool
+) -> tuple[np.ndarray, float, tuple[float, np.ndarray] | None] | None:
+    """(test labels, GM at 0.5, :func:`bootstrap_aucs` or None) of a stored cell; None if it has no
+    stored predictions."""
+    from fedweigh.metrics import geometric_mean
+
+    loaded = load_cell_scores(cells_dir, key)
+    if loaded is None:
+        return None
+    scores, labels = loaded
+    gm = float(np.mean([geometric_mean(labels, s, 0.5)[0] for s in scores]))
+    return (
+        labels,
+        gm,
+        bootstrap_aucs(scores, labels, seed, n_resamples, bootstrap_seed) if bootstrap else None,
+    )
+
+
 def _final_auc(record: dict) -> float:
     rows = [r for r in record["rows"] if r.get("test_auc") is not None]
     return float(rows[-1]["test_auc"]) if rows and rows[-1]["round"] == record["rounds"] else float("nan")
@@ -205,15 +231,15 @@ def against_fedavg(
     cells_dir: Path,
     n_resamples: int = N_RESAMPLES,
     bootstrap_seed: int = BOOTSTRAP_SEED,
+    jobs: int = 1,
 ) -> AgainstFedAvg:
     """Effects with intervals, Wilcoxon-Holm p, noise floor, plateau fractions and GM at 0.5 of a run.
 
     Effects cover every method but FedAvg (references included); the Wilcoxon test and Holm's
     correction cover the federated ones. GM at 0.5 (``gm_05``, per cell) is recomputed from the stored
-    test predictions (``local``: the mean over its site models; multi-class: the arg-max).
+    test predictions (``local``: the mean over its site models; multi-class: the arg-max). ``jobs``
+    processes score the cells in parallel; the numbers do not depend on it.
     """
-    from fedweigh.metrics import geometric_mean
-
     by_cell = {(r["scenario"], r["method"], int(r["seed"])): r for r in records}
     notes: dict[str, str] = {}
     floor = noise_floor([(sc, m, s, _final_auc(r)) for (sc, m, s), r in by_cell.items()])
@@ -240,19 +266,29 @@ def against_fedavg(
     gm_05: dict[tuple[str, str, int], float] = {}
     cached: dict[tuple[str, str, int], tuple[float, np.ndarray]] = {}
     test_labels: dict[tuple[str, int], np.ndarray] = {}
-    for key, rec in by_cell.items():
-        loaded = load_cell_scores(cells_dir, rec["key"])
-        if loaded is None:
+    keys = list(by_cell)
+    tasks = [
+        (cells_dir, by_cell[k]["key"], k[2], n_resamples, bootstrap_seed, REFERENCE_METHOD in methods)
+        for k in keys
+    ]
+    if jobs > 1 and len(tasks) > 1:  # cells are independent: score them in parallel (numpy only)
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")
+        ) as pool:
+            scored = list(pool.map(_cell_statistics, *zip(*tasks, strict=True), chunksize=4))
+    else:
+        scored = [_cell_statistics(*t) for t in tasks]
+    for key, result in zip(keys, scored, strict=True):
+        if result is None:
             continue
-        scores, labels = loaded
+        labels, gm_05[key], boot = result
         shared = test_labels.setdefault((key[0], key[2]), labels)
         if not np.array_equal(shared, labels, equal_nan=True):
             raise ValueError(
-                f"cell {rec['key']}: its test labels differ from another method's of the same seed"
+                f"cell {by_cell[key]['key']}: its test labels differ from another method's of the same seed"
             )
-        gm_05[key] = float(np.mean([geometric_mean(labels, s, 0.5)[0] for s in scores]))
-        if REFERENCE_METHOD in methods:
-            cached[key] = bootstrap_aucs(scores, labels, key[2], n_resamples, bootstrap_seed)
+        if boot is not None:
+            cached[key] = boot
     if REFERENCE_METHOD not in methods:
         notes["effect_vs_fedavg"] = notes["wilcoxon_holm_p_auc"] = "FedAvg is not among the run's methods"
         return AgainstFedAvg(None, None, floor, plateau, tol, gm_05, notes)

@@ -555,19 +555,25 @@ def write_report(
 
 
 def write_outputs(
-    config, records: Sequence[dict], out: str | Path, start: float, n_resamples: int = N_RESAMPLES
+    config,
+    records: Sequence[dict],
+    out: str | Path,
+    start: float,
+    n_resamples: int = N_RESAMPLES,
+    jobs: int = 1,
 ) -> dict:
     """Write results.csv, plots, summary.json and report.md into ``out``; returns the summary.
 
     ``start`` is the ``time.perf_counter()`` value at the start of the run (for ``wall_seconds``);
-    ``n_resamples``: bootstrap resamples per (scenario, seed) of the effects against FedAvg.
+    ``n_resamples``: bootstrap resamples per (scenario, seed) of the effects against FedAvg;
+    ``jobs``: processes that score the stored cells (bootstrap, GM at 0.5) in parallel.
     """
     out = Path(out)
     results = results_frame(records)
     results.to_csv(out / RESULTS_CSV, index=False)
     comparisons = compare_methods(config, results)
     against = against_fedavg(
-        config.methods, config.scenarios, config.seeds, records, out / CELLS_DIR, n_resamples
+        config.methods, config.scenarios, config.seeds, records, out / CELLS_DIR, n_resamples, jobs=jobs
     )
     plots = write_plots(config, records, results, comparisons, out)
     summary = build_summary(config, results, comparisons, time.perf_counter() - start, against, n_resamples)

@@ -878,7 +878,7 @@ def run_bench(
         if record is None:
             raise BenchError(f"cell {cell_key(scenario, method, seed)} is missing from {cells_dir}")
         records.append(record)
-    summary = write_outputs(config, records, out, start)
+    summary = write_outputs(config, records, out, start, jobs=jobs)
     if tuning:
         summary["tuning"] = tuning
         atomic_write_text(out / SUMMARY_JSON, json.dumps(summary, indent=1, default=float))
