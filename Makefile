@@ -17,9 +17,11 @@ $(STAMP): pyproject.toml
 # the test and lint tools, for `make test` and `make lint` only
 dev: $(DEV_STAMP)
 
-$(DEV_STAMP): $(STAMP)
+# one pip run for the package and its test tools (a second run would resolve every dependency again)
+$(DEV_STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
-	@touch $(DEV_STAMP)
+	@touch $(STAMP) $(DEV_STAMP)
 
 demo: setup
 	$(VENV)/bin/fedweigh demo

@@ -57,6 +57,13 @@ def pytest_xdist_make_scheduler(config, log):
     return UnitScheduling(config, log)
 
 
+# one OpenMP thread per process: the suite runs three workers on two cores, each starting simulator
+# servers and sites, and OpenMP's idle threads spin while they wait for work (a tiny simulator run took 27 s
+# of CPU with the default two threads per process, 21.5 s with one). Every result the tests compare across
+# processes is computed with one torch thread already (``threads=1``), so no figure changes. Set before any
+# test imports torch; the simulator's processes inherit it; a value the caller set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # the simulator and the data loaders read this; tests keep generated data in one folder outside git
 os.environ.setdefault("FEDWEIGH_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "test-data"))
 
