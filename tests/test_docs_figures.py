@@ -82,3 +82,25 @@ def test_effects_scoring_figures_in_bench_md_come_from_its_benchmark():
     missing = [line for line in expected if line not in doc]
     assert not missing, f"docs/bench.md does not quote docs/results/engine/bench_effects.json: {missing}"
     assert bench["identical"] is True
+
+
+def _minutes(seconds: float) -> str:
+    whole = int(round(seconds))
+    return f"{whole // 60} min {whole % 60} s"
+
+
+def test_suite_times_in_testing_md_come_from_the_measured_runs():
+    runs = json.loads((ROOT / "docs/results/suite/suite_timing.json").read_text())
+    doc = " ".join((ROOT / "docs/testing.md").read_text().split())
+    before, after = runs["runs"]["ci_before"], runs["runs"]["ci_after"]
+    cpu = runs["simulator_run_cpu_seconds"]
+    expected = [
+        f"**{_minutes(after['command_seconds'])}** in all",
+        f"**{after['pytest_seconds']:.1f} s ({_minutes(after['pytest_seconds'])})** for {after['tests_passed']:,} tests",
+        f"took {_minutes(before['command_seconds'])} (pytest {before['pytest_seconds']:.1f} s",
+        f"does not help ({runs['runs']['pytest_four_workers']['pytest_seconds']:.1f} s)",
+        f"took {cpu['default_openmp_threads']:.0f} s of CPU, now {cpu['one_openmp_thread']:.1f} s",
+    ]
+    missing = [line for line in expected if line not in doc]
+    assert not missing, f"docs/testing.md does not quote docs/results/suite/suite_timing.json: {missing}"
+    assert after["pytest_seconds"] < before["pytest_seconds"]
