@@ -10,6 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _assert_quoted(doc: str, expected: list[str], what: str) -> None:
+    """Every line of ``expected`` appears in ``doc`` (``what``: which page quotes which data file)."""
+    missing = [line for line in expected if line not in doc]
+    assert not missing, f"{what}: {missing}"
+
+
 @pytest.fixture(scope="module")
 def engine() -> dict:
     return json.loads((ROOT / "docs/results/engine/bench_engine.json").read_text())
@@ -34,8 +40,7 @@ def test_engine_figures_in_bench_md_come_from_the_engine_benchmark(engine: dict)
         f"({engine['site_processes_start_seconds']:.1f} s)",
         f"by {abs(sweep['results'][0]['test_auc'] - landed['test_auc']):.3f} on this cell",
     ]
-    missing = [line for line in expected if line not in doc]
-    assert not missing, f"docs/bench.md does not quote docs/results/engine/bench_engine.json: {missing}"
+    _assert_quoted(doc, expected, "docs/bench.md does not quote docs/results/engine/bench_engine.json")
     # the landed arithmetic must reproduce the landed engine's metrics exactly
     assert same["test_auc"] == landed["test_auc"]
     assert same["test_loss"] == landed["test_loss"]
@@ -66,8 +71,7 @@ def test_feddraw_study_in_methods_md_comes_from_its_json():
         f"{best['smallest_site_data_share']:.3f}; the literal reading gave it {literal['smallest_site_mean_share']:.3f})",
         f"Its largest share, {best['smallest_site_max_share']:.3f}",
     ]
-    missing = [line for line in expected if line not in doc]
-    assert not missing, missing
+    _assert_quoted(doc, expected, "docs/methods.md does not quote feddraw_sensitivity.json")
 
 
 def test_effects_scoring_figures_in_bench_md_come_from_its_benchmark():
@@ -79,8 +83,7 @@ def test_effects_scoring_figures_in_bench_md_come_from_its_benchmark():
         f"{bench['speedup_one_process']:.1f} times faster per process",
         f"that run's {bench['cells']} cells",
     ]
-    missing = [line for line in expected if line not in doc]
-    assert not missing, f"docs/bench.md does not quote docs/results/engine/bench_effects.json: {missing}"
+    _assert_quoted(doc, expected, "docs/bench.md does not quote docs/results/engine/bench_effects.json")
     assert bench["identical"] is True
 
 
@@ -101,6 +104,5 @@ def test_suite_times_in_testing_md_come_from_the_measured_runs():
         f"does not help ({runs['runs']['pytest_four_workers']['pytest_seconds']:.1f} s)",
         f"took {cpu['default_openmp_threads']:.0f} s of CPU, now {cpu['one_openmp_thread']:.1f} s",
     ]
-    missing = [line for line in expected if line not in doc]
-    assert not missing, f"docs/testing.md does not quote docs/results/suite/suite_timing.json: {missing}"
+    _assert_quoted(doc, expected, "docs/testing.md does not quote docs/results/suite/suite_timing.json")
     assert after["pytest_seconds"] < before["pytest_seconds"]
