@@ -13,12 +13,12 @@ default provisioned policy (they decrypt no sum of fewer than 3 contributions).
 
 Paths (the column ``path``):
 
-- ``round step``: in this process, the server's :class:`fedweigh.rounds.RoundStep` (the code the
-  NVFlare controller runs) with four :class:`fedweigh.site.SiteTrainer`; the attacker's result is
+- ``round step``: in this process, the server's :class:`fedweigh.server.rounds.RoundStep` (the code the
+  NVFlare controller runs) with four :class:`fedweigh.site.trainer.SiteTrainer`; the attacker's result is
   altered after honest training. ``round step (HE)``: the same with the CKKS backend
-  (:class:`fedweigh.secure.updates.EncryptedGlobalModel`) and TenSEAL keys made here.
+  (:class:`fedweigh.server.encrypted.EncryptedGlobalModel`) and TenSEAL keys made here.
 - ``statistics phase``: in this process, the secure label-statistics exchange the controller runs
-  (:func:`fedweigh.label_stats.sum_statistics` with :class:`fedweigh.secure.exchange.SecureExchange`
+  (:func:`fedweigh.server.label_stats.sum_statistics` with :class:`fedweigh.secure.exchange.SecureExchange`
   at the server, each site's quorum check before decrypting), then the rounds as above (DAFL, whose
   loss uses the global histogram).
 - ``simulator``: ``nvflare simulator`` with the job's real transport, the fedweigh controller and
@@ -51,18 +51,14 @@ import numpy as np
 import torch
 
 from fedweigh.data import build_federation
-from fedweigh.label_stats import (
-    META_LENGTH,
-    META_NUM_CONTRIBUTIONS,
-    decode_sum,
-    statistics_vector,
-    sum_statistics,
-)
-from fedweigh.policy import PROVISIONED_DEFAULT
+from fedweigh.histograms import META_LENGTH, META_NUM_CONTRIBUTIONS, decode_sum, statistics_vector
 from fedweigh.protocol import META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
-from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
-from fedweigh.secure.quorum import server_floor
-from fedweigh.site import ClientArgs, SiteTrainer, build_site_model
+from fedweigh.server.label_stats import sum_statistics
+from fedweigh.server.quorum import server_floor
+from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.policy import PROVISIONED_DEFAULT
+from fedweigh.site.trainer import SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, set_params
 from fedweigh.weighting import get_scheme
 
@@ -259,7 +255,8 @@ def _statistics_phase(trainers: dict[str, SiteTrainer], kind: str | None, keys: 
 
 
 def run_in_process(fed, method_name: str, kind: str | None, keys: Keys, defences: bool = True) -> RunResult:
-    from fedweigh.secure.updates import EncryptedGlobalModel, decode_global, encode_update
+    from fedweigh.secure.updates import decode_global, encode_update
+    from fedweigh.server.encrypted import EncryptedGlobalModel
 
     start = time.perf_counter()
     method = METHODS[method_name]
@@ -335,7 +332,7 @@ def run_in_process(fed, method_name: str, kind: str | None, keys: Keys, defences
 def run_in_simulator(kind: str | None, workdir: Path) -> RunResult:
     from fedweigh.cli import find_server_app_dir, simulator_command
     from fedweigh.flare.recipes import FedweighRecipe
-    from fedweigh.records import load_rows
+    from fedweigh.server.records import load_rows
 
     start = time.perf_counter()
     name = f"attack_{kind or 'clean'}".replace("-", "_")

@@ -39,7 +39,8 @@ from dataclasses import asdict
 import numpy as np
 
 from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
-from fedweigh.secure.updates import EncryptedContribution, EncryptedGlobalModel, decode_global, encode_update
+from fedweigh.secure.updates import decode_global, encode_update
+from fedweigh.server.encrypted import EncryptedContribution, EncryptedGlobalModel
 from fedweigh.weighting import ClientReport, get_scheme
 
 TARGET_RATIO = 2.7
@@ -84,8 +85,9 @@ def part1(args: argparse.Namespace) -> None:
     from fedweigh.data import build_federation
     from fedweigh.flare.recipes import ModelSpec
     from fedweigh.models import FedweighNet
-    from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
-    from fedweigh.site import ClientArgs, SiteTrainer
+    from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+    from fedweigh.site.args import ClientArgs
+    from fedweigh.site.trainer import SiteTrainer
     from fedweigh.train import get_params
 
     torch.set_num_threads(1)

@@ -29,7 +29,7 @@ import numpy as np
 from fedweigh.cli import simulator_command
 from fedweigh.flare.jobs import _job
 from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
-from fedweigh.site import ClientArgs
+from fedweigh.site.args import ClientArgs
 
 ROUND_RATIO_TARGET = 1.05
 SERVER_TARGET_S = 1.0

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from fedweigh.cli import simulator_command
 from fedweigh.flare.jobs import _job
-from fedweigh.records import load_rows
-from fedweigh.site import ClientArgs
+from fedweigh.server.records import load_rows
+from fedweigh.site.args import ClientArgs
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from fedweigh.flare.keys import role_context_provider
-from fedweigh.label_stats import decode_sum, statistics_vector
+from fedweigh.histograms import decode_sum, statistics_vector
 from fedweigh.secure.contexts import (
     CLIENT_CONTEXT_FILE,
     CONTEXT_DIR_ENV,

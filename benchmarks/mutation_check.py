@@ -97,7 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "step-count-unchecked",
         "the server's step-count validation removed",
-        "custom/fedweigh/validation.py",
+        "custom/fedweigh/server/validation.py",
         "    num_steps = check_count(site, META_NUM_STEPS, meta.get(META_NUM_STEPS, 1), limits.max_num_steps)",
         "    num_steps = int(meta.get(META_NUM_STEPS, 1))",
         ("tests/test_validation.py",),
@@ -128,7 +128,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "he-updates-not-applied",
         "the encrypted sum leaves the global model where it was (the POC's 'model moved' check)",
-        "custom/fedweigh/secure/updates.py",
+        "custom/fedweigh/server/encrypted.py",
         "        summed = weighted_sum([c.update for c in contributions], w, base, self.layout.slots)",
         "        summed = weighted_sum([c.update for c in contributions], 0.0 * w, base, self.layout.slots)",
         ("tests/test_poc.py::test_he_model_updates_with_the_kits_contexts",),
@@ -136,7 +136,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "he-updates-scaled",
         "the encrypted sum gives the updates 5% more weight than the plaintext path",
-        "custom/fedweigh/secure/updates.py",
+        "custom/fedweigh/server/encrypted.py",
         "        summed = weighted_sum([c.update for c in contributions], w, base, self.layout.slots)",
         "        summed = weighted_sum([c.update for c in contributions], 1.05 * w, base, self.layout.slots)",
         ("tests/test_he_simulator.py::test_he_run_matches_the_plaintext_path",),
@@ -144,7 +144,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "min-clients-ignored",
         "a round with fewer valid results than min_clients still updates the model",
-        "custom/fedweigh/rounds.py",
+        "custom/fedweigh/server/rounds.py",
         "        if not outcome.reason and len(outcome.reports) < self.min_clients:",
         "        if False and not outcome.reason and len(outcome.reports) < self.min_clients:",
         ("tests/test_failures.py::test_invalid_results_are_left_out_with_the_reason_and_the_model_kept",),
@@ -195,7 +195,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "data-path-vars-not-expanded",
         "$VARIABLES in a site's data path are not expanded",
-        "custom/fedweigh/data/site_config.py",
+        "custom/fedweigh/site/data_config.py",
         "    expanded = os.path.expandvars(path)",
         "    expanded = path",
         ("tests/test_site_data.py",),

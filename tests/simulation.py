@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from fedweigh.cli import find_server_app_dir, simulator_command
-from fedweigh.records import load_rows
-from fedweigh.site import ClientArgs
+from fedweigh.server.records import load_rows
+from fedweigh.site.args import ClientArgs
 
 #: The tiny SynthCXR setting of the simulator tests: two sites of ``quantity-a0.3`` over 300 images hold 112
 #: and 72 training images, so size-based weights are not 1/2; max_steps fixes 3 local steps at both; one
@@ -105,19 +105,19 @@ def plaintext_reference(
 ):
     """(initial model, final global model, weights per round) of the plaintext path, in this process.
 
-    The same core code the controller and the client script run (:class:`fedweigh.site.SiteTrainer` +
-    :class:`fedweigh.rounds.RoundStep`) for ``sites`` simulated sites; with one torch thread it
+    The same core code the controller and the client script run (:class:`fedweigh.site.trainer.SiteTrainer` +
+    :class:`fedweigh.server.rounds.RoundStep`) for ``sites`` simulated sites; with one torch thread it
     reproduces a plaintext simulator run bit for bit. ``meta`` overrides what every site reports (e.g.
     the same sample count everywhere, for FedAvg's equal weights).
     """
     from dataclasses import asdict
 
-    from fedweigh.data.site_config import resolve_site_data
     from fedweigh.flare.recipes import ModelSpec
-    from fedweigh.label_stats import decode_sum, statistics_vector
+    from fedweigh.histograms import decode_sum, statistics_vector
     from fedweigh.models import FedweighNet
-    from fedweigh.rounds import ClientResult, PlaintextBackend, RoundStep
-    from fedweigh.site import SiteTrainer
+    from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+    from fedweigh.site.data_config import resolve_site_data
+    from fedweigh.site.trainer import SiteTrainer
     from fedweigh.train import get_params
     from fedweigh.weighting import get_scheme
 

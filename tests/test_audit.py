@@ -28,7 +28,7 @@ import pytest
 from simulation import TINY_CLIENT
 
 from fedweigh.cli import find_server_app_dir, simulator_command
-from fedweigh.records import load_rows
+from fedweigh.server.records import load_rows
 
 SITES = ("site-1", "site-2", "site-3")
 ROUNDS = 2
@@ -37,9 +37,9 @@ AUDITED_TASKS = ["stats", "train", "validate"]
 
 def _site_truth() -> dict[str, dict]:
     """Each simulated site's true training histogram and the scalars derived from it."""
-    from fedweigh.data.site_config import load_site_from_scenario
+    from fedweigh.imbalance import client_imbalance
+    from fedweigh.site.data_config import load_site_from_scenario
     from fedweigh.weighting.cbr import imbalance_cv
-    from fedweigh.weighting.dafl import client_imbalance
 
     out = {}
     for site in SITES:

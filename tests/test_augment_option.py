@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from fedweigh import train as train_module
-from fedweigh.checks import ConfigError, check_client_args
+from fedweigh.checks import check_client_args
 from fedweigh.data import build_federation
-from fedweigh.site import ClientArgs, SiteTrainer, parse_args
+from fedweigh.errors import ConfigError
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import get_params
 
 

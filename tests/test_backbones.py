@@ -14,10 +14,12 @@ from monai.networks.nets import DenseNet121, ViT
 
 from fedweigh.bench.cli import add_bench_parser, main_bench
 from fedweigh.data.synthcxr import generate_synthcxr
+from fedweigh.errors import PretrainedCheckpointError
 from fedweigh.flare.jobs import CHESTMNIST_CLIENT, CHEXPERT_CLIENT, JOB_CATALOGUE
 from fedweigh.flare.recipes import MethodRecipe, ModelSpec
-from fedweigh.models import FedweighNet, PretrainedCheckpointError, read_checkpoint
-from fedweigh.site import ClientArgs, build_site_model, parse_args
+from fedweigh.models import FedweighNet, read_checkpoint
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.trainer import build_site_model
 
 torch.set_num_threads(1)
 

@@ -421,7 +421,7 @@ def test_process_pool_gives_the_serial_results_on_digits(tmp_path):
 
 def test_the_bench_runs_the_schemes_without_safeguards_unless_asked():
     from fedweigh.cli import build_parser
-    from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
+    from fedweigh.server.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 
     off = make_config("smoke", "synthcxr")
     assert (off.max_share, off.update_norm_bound, off.min_update_cosine) == (None, None, None)

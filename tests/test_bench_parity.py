@@ -9,7 +9,7 @@ from simulation import TINY_CLIENT, TINY_ROUNDS
 
 from fedweigh.bench import make_config, run_cell
 from fedweigh.flare.jobs import _job
-from fedweigh.site import ClientArgs
+from fedweigh.site.args import ClientArgs
 
 TINY = TINY_CLIENT  # the simulator runs are the shared method runs of conftest.py
 ROUNDS = TINY_ROUNDS

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedweigh.checks import ConfigError
 from fedweigh.cli import simulator_command
+from fedweigh.errors import ConfigError
 from fedweigh.flare.byo import result_meta
 from fedweigh.flare.recipes import FedDRAWRecipe, MethodRecipe
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS
-from fedweigh.rounds import PlaintextBackend, RoundStep
+from fedweigh.server.rounds import PlaintextBackend, RoundStep
 from fedweigh.weighting import get_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_result_meta_reports_what_the_scheme_asks_for():
 
 def test_result_meta_meets_the_server_checks():
     """What result_meta builds passes the round step's checks of a result's meta."""
-    from fedweigh.validation import check_meta
+    from fedweigh.server.validation import check_meta
 
     step = RoundStep(get_scheme("cbr"), PlaintextBackend({}), num_rounds=3)
     meta = result_meta(_task("cbr"), num_samples=50, num_steps=3, class_counts=[10, 40])

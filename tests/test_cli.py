@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import fedweigh.cli as cli
-from fedweigh.records import RoundRecorder
+from fedweigh.server.records import RoundRecorder
 
 ROWS = [  # what the controller records: metrics of the global model after each round, weights
     {"round": 0, "test_auc": 0.5012, "test_gm": 0.0, "val_auc": 0.4987, "val_gm": 0.0},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedweigh import __version__
-from fedweigh.checks import ConfigError
 from fedweigh.cli import main
+from fedweigh.errors import ConfigError
 
 
 def _error_lines(capsys) -> list[str]:

@@ -7,9 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from fedweigh.checks import ConfigError, check_client_args
-from fedweigh.data.site_config import SiteDataConfig
-from fedweigh.site import ClientArgs, parse_args
+from fedweigh.checks import check_client_args
+from fedweigh.errors import ConfigError
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.data_config import SiteDataConfig
 
 BAD_CLIENT_OPTIONS = [
     ("scenario", "iid4", "iid-4"),

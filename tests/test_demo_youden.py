@@ -10,11 +10,11 @@ import torch
 from simulation import TINY_CLIENT
 
 import fedweigh.cli as cli
-from fedweigh.data.site_config import resolve_site_data
 from fedweigh.flare.recipes import FedDRAWRecipe
 from fedweigh.metrics import geometric_mean, youden_thresholds
-from fedweigh.records import RoundRecorder
-from fedweigh.site import build_site_model
+from fedweigh.server.records import RoundRecorder
+from fedweigh.site.data_config import resolve_site_data
+from fedweigh.site.trainer import build_site_model
 from fedweigh.train import TrainConfig, get_params, predict, train_local
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from test_privacy import SIZE, images, site_data
 
-from fedweigh.policy import PrivacyGuard, PrivacyLedger, SitePolicy
-from fedweigh.site import ClientArgs, SiteTrainer
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.policy import PrivacyGuard, PrivacyLedger, SitePolicy
+from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import get_params
 
 
@@ -21,7 +22,7 @@ def dp_args(**overrides) -> ClientArgs:
 def test_the_budget_id_survives_resume_from(tmp_path):
     """The server keeps the budget id in its run state; a resumed run announces the same one."""
     from fedweigh.flare.controller import FedweighController
-    from fedweigh.rounds import PlaintextBackend
+    from fedweigh.server.rounds import PlaintextBackend
 
     first = FedweighController(num_rounds=4)
     first._budget_id = "job-1"
@@ -71,7 +72,7 @@ def test_train_loss_stays_at_the_site_under_dp(tmp_path, monkeypatch):
 
 
 def test_under_dp_the_loss_is_built_from_the_privatised_statistics(tmp_path, monkeypatch):
-    import fedweigh.site as site_module
+    import fedweigh.site.trainer as site_module
 
     monkeypatch.chdir(tmp_path)
     seen = {}

@@ -19,7 +19,8 @@ from fedweigh.bench.sites import LocalSites, SitePool, balance, make_sites
 from fedweigh.data import build_federation
 from fedweigh.data.base import LabeledImages
 from fedweigh.models import build_model
-from fedweigh.site import ClientArgs, SiteTrainer, parse_args
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import TensorBatches, make_loader, resolve_device, to_memory_format
 
 

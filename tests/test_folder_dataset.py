@@ -7,11 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from fedweigh.checks import ConfigError
 from fedweigh.data import load_pool
-from fedweigh.data.folder import FolderFormatError
-from fedweigh.data.site_config import SiteDataConfig, load_site_from_config
-from fedweigh.site import ClientArgs
+from fedweigh.errors import ConfigError, FolderFormatError
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.data_config import SiteDataConfig, load_site_from_config
 
 
 def _write_folder(root, n=10, header="path,Effusion,Edema,split", bad_row=None):

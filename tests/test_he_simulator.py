@@ -2,7 +2,7 @@
 the plaintext path's global model within CKKS tolerance.
 
 The plaintext reference is the same core code the controller and the client script run
-(:class:`fedweigh.site.SiteTrainer` + :class:`fedweigh.rounds.RoundStep`), in this process;
+(:class:`fedweigh.site.trainer.SiteTrainer` + :class:`fedweigh.server.rounds.RoundStep`), in this process;
 with one torch thread it reproduces a plaintext simulator run bit for bit (checked for FedAvg and
 FedBB). The HE run differs from it by the CKKS noise of round 1's aggregate (about 1e-7) as
 amplified by round 2's local training, plus round 2's own CKKS noise. Local training therefore uses
@@ -24,7 +24,7 @@ from simulation import plaintext_reference
 
 from fedweigh.flare import recipes
 from fedweigh.flare.client import HE_SITE_MODEL_FILE
-from fedweigh.site import ClientArgs
+from fedweigh.site.args import ClientArgs
 
 CLIENT = ClientArgs(
     dataset="synthcxr",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fedweigh.bench.runner as runner
-import fedweigh.site as site_module
+import fedweigh.site.trainer as site_module
 import fedweigh.train as train_module
 from fedweigh.bench.cli import add_bench_parser, main_bench
 from fedweigh.bench.runner import cell_args, make_config, parse_tune, run_bench, settings_hash
@@ -29,7 +29,8 @@ from fedweigh.methods import (
     VARIANTS,
     parse_method,
 )
-from fedweigh.site import ClientArgs, SiteTrainer, parse_args
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.trainer import SiteTrainer
 
 torch.set_num_threads(1)
 

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedweigh.checks import ConfigError
+from fedweigh.errors import BundleError, ConfigError
 from fedweigh.flare.monai_bundle import (
-    BundleError,
     BundleSite,
     MonaiBundleRecipe,
     bundle_network,

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from fedweigh.checks import ConfigError
+from fedweigh.errors import ConfigError
 from fedweigh.flare.recipes import BaselineRecipe, FedDRAWRecipe, FedweighRecipe
 
 

@@ -28,7 +28,7 @@ from simulation import TINY_CLIENT, saved_float_params
 from fedweigh.cli import simulator_command
 from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
 from fedweigh.models import FedweighNet
-from fedweigh.records import load_rows
+from fedweigh.server.records import load_rows
 
 CLIENT = replace(TINY_CLIENT, optimizer="sgd", lr=0.01)
 ROUNDS = 3
@@ -38,7 +38,7 @@ EXECUTE = """
 from nvflare.recipe import SimEnv
 
 from fedweigh.flare.recipes import BaselineRecipe
-from fedweigh.site import ClientArgs
+from fedweigh.site.args import ClientArgs
 
 recipe = BaselineRecipe(baseline="fedavg", name="ours", num_rounds={rounds}, min_clients=2, client={client!r})
 run = recipe.execute(SimEnv(num_clients=2, workspace_root={root!r}))
@@ -47,7 +47,7 @@ print("status:", run.get_status())
 
 
 def training_set_sizes() -> dict[str, int]:
-    from fedweigh.data.site_config import resolve_site_data
+    from fedweigh.site.data_config import resolve_site_data
 
     return {site: len(resolve_site_data(site, CLIENT)[0].train) for site in SITES}
 
@@ -85,9 +85,9 @@ def stock_sum(g: dict, trained: list[dict], w: np.ndarray) -> dict:
 
 def in_process(weights: np.ndarray, summed) -> dict:
     """The three rounds in this process: the sites' training code, the given weights, summed as given."""
-    from fedweigh.data.site_config import resolve_site_data
     from fedweigh.models import FedweighNet
-    from fedweigh.site import SiteTrainer
+    from fedweigh.site.data_config import resolve_site_data
+    from fedweigh.site.trainer import SiteTrainer
     from fedweigh.train import get_params
 
     trainers = [SiteTrainer(*resolve_site_data(s, CLIENT)[:2], CLIENT, threads=1) for s in SITES]

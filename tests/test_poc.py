@@ -105,7 +105,7 @@ def _export_jobs(out: Path) -> dict[str, Path]:
     """The job folders, by the ``fedweigh jobs export`` code paths (bundle / site-installed), tiny settings."""
     from fedweigh.flare.jobs import export_recipe
     from fedweigh.flare.recipes import FedDRAWRecipe
-    from fedweigh.site import ClientArgs
+    from fedweigh.site.args import ClientArgs
 
     # The job's scenario is not used: every hospital has a local/fedweigh_site.json. The PNB loss uses
     # the global label histogram, so the job starts with the secure statistics phase.
@@ -320,7 +320,7 @@ def _initial_model() -> dict[str, np.ndarray]:
 
 def _train_histograms() -> dict[str, np.ndarray]:
     """Each hospital's training label histogram, from its fedweigh_site.json (as the site loads it)."""
-    from fedweigh.data.site_config import SiteDataConfig, load_site_from_config
+    from fedweigh.site.data_config import SiteDataConfig, load_site_from_config
 
     return {
         site: load_site_from_config(site, SiteDataConfig(**cfg))[0].train.label_histogram()
@@ -386,7 +386,7 @@ def test_bundle_export_ships_an_importable_package(tmp_path):
 def test_site_installed_export_carries_no_code(tmp_path):
     from fedweigh.flare.jobs import INSTALLED_EXECUTOR, export_recipe
     from fedweigh.flare.recipes import FedDRAWRecipe
-    from fedweigh.site import ClientArgs
+    from fedweigh.site.args import ClientArgs
 
     client = ClientArgs(num_images=300, batch_size=18)
     default = export_recipe(FedDRAWRecipe(name="j", min_clients=3, client=client), tmp_path / "default")

@@ -1,4 +1,4 @@
-"""The site privacy policy (fedweigh.policy): the hospital's file, its defaults, what it refuses, the
+"""The site privacy policy (fedweigh.site.policy): the hospital's file, its defaults, what it refuses, the
 epsilon ledger, and a refusal through the real client script and controller in the simulator."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from simulation import TINY_CLIENT
 
-from fedweigh.policy import (
+from fedweigh.errors import PolicyRefusal
+from fedweigh.protocol import SITE_POLICY_ENV
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.policy import (
     PERMISSIVE_DEFAULT,
     PROVISIONED_DEFAULT,
-    PolicyRefusal,
     PrivacyGuard,
     PrivacyLedger,
     SitePolicy,
     load_site_policy,
 )
-from fedweigh.protocol import SITE_POLICY_ENV
-from fedweigh.site import ClientArgs
 
 
 def _kit(root: Path, provisioned: bool) -> Path:

@@ -16,9 +16,10 @@ from opacus.accountants import RDPAccountant
 from scipy.stats import norm
 
 from fedweigh.data.base import LabeledImages, SiteData
+from fedweigh.errors import PrivacyBudgetExhausted
 from fedweigh.models import build_model
 from fedweigh.secure.accountant import dp_state_path
-from fedweigh.secure.dp_config import DPConfig, PrivacyBudgetExhausted, StatsDPConfig
+from fedweigh.secure.dp_config import DPConfig, StatsDPConfig
 from fedweigh.secure.dp_sgd import DPSGD
 from fedweigh.secure.gaussian import (
     analytic_gaussian_sigma,
@@ -35,7 +36,8 @@ from fedweigh.secure.grad_sample import (
     dp_optimizer_class,
 )
 from fedweigh.secure.stats_release import HistogramReleaser
-from fedweigh.site import ClientArgs, SiteTrainer, parse_args
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import TrainConfig, default_loss, get_params, set_params, train_local
 
 torch.set_num_threads(1)
@@ -112,7 +114,7 @@ def test_dp_disabled_trains_exactly_as_before(tmp_path, monkeypatch):
     assert not any(k.startswith("dp_") for k in out.metrics)
     assert trainer.dp_report is None and not list(tmp_path.glob("fedweigh_dp_*"))
 
-    from fedweigh.site import round_seed
+    from fedweigh.site.trainer import round_seed
 
     set_params(reference, start)
     cfg = TrainConfig(epochs=1, batch_size=4, lr=args.lr, max_steps=3, seed=round_seed(0, "site-1", 0))
@@ -327,7 +329,7 @@ def test_statistics_task_sends_the_noised_release_once_and_reports_the_budget(tm
     from nvflare.app_common.abstract.fl_model import FLModel
 
     from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task
-    from fedweigh.label_stats import META_VECTOR, statistics_vector
+    from fedweigh.histograms import META_VECTOR, statistics_vector
 
     monkeypatch.chdir(tmp_path)
     collect = FLModel(params={}, meta={META_STEP: "collect", META_MODE: "plain"})
@@ -356,7 +358,7 @@ def test_statistics_task_sends_the_noised_release_once_and_reports_the_budget(tm
 
 
 def test_scheme_scalars_derive_from_the_released_histogram(tmp_path, monkeypatch):
-    from fedweigh.weighting.dafl import client_imbalance
+    from fedweigh.imbalance import client_imbalance
 
     monkeypatch.chdir(tmp_path)
     args = ClientArgs(size=SIZE, eval_test=False, stats_dp_epsilon=2.0)

@@ -4,7 +4,7 @@ import json
 import numpy as np
 from figures import assert_weights_plot, captured_figures, lines
 
-from fedweigh.records import RoundRecorder, load_rows
+from fedweigh.server.records import RoundRecorder, load_rows
 
 
 def test_recorder_writes_json_csv_and_plots(tmp_path):

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import tenseal as ts
 
-from fedweigh.label_stats import (
-    META_LENGTH,
-    META_NUM_CONTRIBUTIONS,
-    PlainExchange,
-    statistics_vector,
-    sum_statistics,
-)
+from fedweigh.histograms import META_LENGTH, META_NUM_CONTRIBUTIONS, PlainExchange, statistics_vector
 from fedweigh.protocol import META_MIN_SECURE_SUM, META_REFUSED
-from fedweigh.rounds import (
+from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
+from fedweigh.secure.exchange import META_CIPHERTEXT, SecureExchange
+from fedweigh.secure.updates import UPDATE_PREFIX, encode_update, pack_chunks, unpack_chunks
+from fedweigh.server.encrypted import EncryptedGlobalModel
+from fedweigh.server.label_stats import sum_statistics
+from fedweigh.server.quorum import secure_sum_quorum, server_floor
+from fedweigh.server.rounds import (
     ClientResult,
     PlaintextBackend,
     RoundStep,
@@ -24,16 +24,6 @@ from fedweigh.rounds import (
     objecting_sites,
     params_digest,
     resolve_max_share,
-)
-from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
-from fedweigh.secure.exchange import META_CIPHERTEXT, SecureExchange
-from fedweigh.secure.quorum import secure_sum_quorum, server_floor
-from fedweigh.secure.updates import (
-    UPDATE_PREFIX,
-    EncryptedGlobalModel,
-    encode_update,
-    pack_chunks,
-    unpack_chunks,
 )
 from fedweigh.weighting import get_scheme
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from fedweigh.rounds import (
+from fedweigh.server.rounds import (
     ClientResult,
     PlaintextBackend,
     RoundStep,

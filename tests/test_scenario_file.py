@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from fedweigh.bench.runner import make_config, run_bench, settings_hash
-from fedweigh.data.scenario_file import ScenarioFileError, load_scenario_file
+from fedweigh.data.scenario_file import load_scenario_file
 from fedweigh.data.scenarios import Scenario, build_federation, get_scenario, partition_indices
 from fedweigh.data.synthcxr import sample_synthcxr_labels
+from fedweigh.errors import ScenarioFileError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
 

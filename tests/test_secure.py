@@ -11,6 +11,7 @@ import pytest
 
 import fedweigh.secure.contexts as contexts
 import fedweigh.secure.vectors as vectors
+from fedweigh.errors import ContextNotFoundError, SimulationKeysRefused
 from fedweigh.secure.contexts import (
     CLIENT_CONTEXT_FILE,
     CONTEXT_DIR_ENV,
@@ -18,8 +19,6 @@ from fedweigh.secure.contexts import (
     SIMULATION_DIR,
     SIMULATION_HEADER,
     SIMULATION_MARKER,
-    ContextNotFoundError,
-    SimulationKeysRefused,
     find_site_root,
     is_provisioned,
     is_public,

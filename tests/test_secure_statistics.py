@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import tenseal as ts
 
+from fedweigh.errors import SimulationKeysRefused
 from fedweigh.flare.keys import role_context_provider
 from fedweigh.flare.statistics import make_exchange
-from fedweigh.label_stats import decode_sum, statistics_vector
+from fedweigh.histograms import decode_sum, statistics_vector
 from fedweigh.secure.contexts import (
     CLIENT_CONTEXT_FILE,
     CONTEXT_DIR_ENV,
@@ -22,7 +23,6 @@ from fedweigh.secure.contexts import (
     SIMULATION_DIR,
     SIMULATOR_JOB_FOLDER,
     STARTUP_FOLDER,
-    SimulationKeysRefused,
     load_context,
     make_context,
     save_context_files,

@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedweigh.rounds import ClientResult, RoundStep
 from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
 from fedweigh.secure.updates import (
     GLOBAL_PREFIX,
     UPDATE_PREFIX,
-    EncryptedGlobalModel,
     HELayout,
     decode_global,
     decrypt_chunks,
@@ -21,6 +19,8 @@ from fedweigh.secure.updates import (
     unpack_chunks,
     weighted_sum,
 )
+from fedweigh.server.encrypted import EncryptedGlobalModel
+from fedweigh.server.rounds import ClientResult, RoundStep
 from fedweigh.weighting import ClientReport, HEIncompatibleScheme, get_scheme
 
 TOL = 1e-4  # CKKS (scale 2^40) error is about 1e-7 on values ~0.1; float32 storage adds ~1e-8

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from fedweigh.data.base import LabeledImages
-from fedweigh.data.site_config import SiteDataConfig, find_site_config, split_train_val
-from fedweigh.site import ClientArgs, parse_args
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.data_config import SiteDataConfig, find_site_config, split_train_val
 
 
 def test_client_args_round_trip_through_the_command_line():
@@ -77,7 +77,7 @@ def test_data_path_variables_are_expanded_at_the_site(tmp_path, monkeypatch):
     """docs/deploy.md: `$VARIABLES` in a site's data_path are expanded at the site; an unset one is named."""
     from fixtures_data import write_medmnist_npz
 
-    from fedweigh.data.site_config import resolve_site_data
+    from fedweigh.site.data_config import resolve_site_data
 
     data = tmp_path / "data"
     data.mkdir()
@@ -102,7 +102,7 @@ def test_job_data_path_variables_are_expanded_in_simulation(tmp_path, monkeypatc
     """The jobs chestmnist_feddraw / chexpert_feddraw name their data as $FEDWEIGH_CHESTMNIST etc."""
     from fixtures_data import write_medmnist_npz
 
-    from fedweigh.data.site_config import resolve_site_data
+    from fedweigh.site.data_config import resolve_site_data
 
     write_medmnist_npz(tmp_path / "chest.npz", sizes=(40, 8, 6))
     monkeypatch.delenv("FEDWEIGH_SITE_CONFIG", raising=False)

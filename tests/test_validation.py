@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from fedweigh.validation import InvalidClientResult, ResultLimits, check_meta, check_params
+from fedweigh.errors import InvalidClientResult
+from fedweigh.server.validation import ResultLimits, check_meta, check_params
 
 REF = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32), "n": np.array(0, np.int64)}
 

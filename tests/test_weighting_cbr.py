@@ -113,7 +113,8 @@ def test_site_with_an_empty_histogram_is_named_in_the_log(caplog):
     import torch
 
     from fedweigh.data.base import LabeledImages, SiteData
-    from fedweigh.site import ClientArgs, SiteTrainer
+    from fedweigh.site.args import ClientArgs
+    from fedweigh.site.trainer import SiteTrainer
 
     torch.set_num_threads(1)
     names = ("a", "b", "c")

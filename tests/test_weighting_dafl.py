@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from fedweigh.imbalance import class_level_parameters, client_imbalance, client_level_parameter
 from fedweigh.weighting import ClientReport, DAFLWeights, get_scheme
-from fedweigh.weighting.dafl import class_level_parameters, client_imbalance, client_level_parameter
 
 
 def _reports(scheme: DAFLWeights, hists: list[tuple[np.ndarray, int]]) -> list[ClientReport]:

@@ -322,7 +322,8 @@ def test_new_option_validation():
 def test_a_site_reports_its_direction_similarity_against_the_global_model_of_its_previous_round():
     """SiteTrainer keeps the global model it received and hands it to the scheme, round after round."""
     from fedweigh.data import build_federation
-    from fedweigh.site import ClientArgs, SiteTrainer
+    from fedweigh.site.args import ClientArgs
+    from fedweigh.site.trainer import SiteTrainer
     from fedweigh.train import get_params
     from fedweigh.weighting.geometry import direction_similarity, geometry_keys
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["Params", "check_same_layout", "to_numpy", "to_numpy_dict"]
+
 Params = dict[str, np.ndarray]
 
 #: Kinds of number a parameter may be: floating-point, integer (signed or not) or boolean.
@@ -67,6 +69,3 @@ def check_same_layout(
             raise ValueError(f"{who}: parameter {key!r} holds non-finite values")
         out[key] = arr
     return out
-
-
-__all__ = ["Params", "check_same_layout", "to_numpy", "to_numpy_dict"]

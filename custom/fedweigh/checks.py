@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fedweigh.errors import ConfigError
+
 #: Optimizers of the local training (fedweigh.train.OPTIMIZERS).
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
 #: DP-SGD privacy accountants and per-sample-gradient modes (fedweigh.secure.dp_config).
@@ -23,14 +25,6 @@ DP_MODES: tuple[str, ...] = ("auto", "fast", "hooks", "functorch", "ghost")
 MIN_SIZE = 8
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-class ConfigError(ValueError):
-    """A user setting that cannot work; the message names the source, field, value and what is allowed."""
-
-    def __init__(self, source: str, field: str, value: Any, allowed: str):
-        self.source, self.field, self.value, self.allowed = source, field, value, allowed
-        super().__init__(f"{source}: {field} = {_show(value)} is not allowed; {allowed}")
 
 
 def _show(value: Any) -> str:
@@ -114,7 +108,7 @@ def check_dataset_path(source: str, dataset: str, data_path: Any, field: str = "
 
 
 def check_client_values(values: Mapping[str, Any], source: str = "client options") -> None:
-    """Check the fields of :class:`fedweigh.site.ClientArgs` given as a mapping (names as in ClientArgs)."""
+    """Check the fields of :class:`fedweigh.site.args.ClientArgs` given as a mapping (names as in ClientArgs)."""
     from fedweigh.data.pools import DATASETS
     from fedweigh.data.scenarios import SCENARIOS
     from fedweigh.losses import LOSS_CLASSES, loss_options
@@ -175,13 +169,13 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
 
 
 def check_client_args(args: Any, source: str = "client options") -> Any:
-    """Check a :class:`fedweigh.site.ClientArgs`; returns it unchanged, raises :class:`ConfigError`."""
+    """Check a :class:`fedweigh.site.args.ClientArgs`; returns it unchanged, raises :class:`ConfigError`."""
     check_client_values(vars(args), source)
     return args
 
 
 def check_site_values(values: Mapping[str, Any], source: str) -> None:
-    """Check the fields of a site data config (:class:`fedweigh.data.site_config.SiteDataConfig`)."""
+    """Check the fields of a site data config (:class:`fedweigh.site.data_config.SiteDataConfig`)."""
     from fedweigh.data.pools import DATASETS
 
     c = _Checker(source, values)

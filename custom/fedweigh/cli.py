@@ -136,7 +136,7 @@ def _client_args_of(job_dir: Path):
     """The fedweigh client arguments of an exported job (its ``task_script_args``)."""
     import json
 
-    from fedweigh.site import parse_args
+    from fedweigh.site.args import parse_args
 
     config = json.loads((job_dir / "app" / "config" / "config_fed_client.json").read_text())
     for executor in config.get("executors", []):
@@ -159,9 +159,9 @@ def youden_report(job_dir: Path, model_path: Path, n_clients: int) -> dict:
     import torch
 
     from fedweigh.data.base import LabeledImages
-    from fedweigh.data.site_config import resolve_site_data
     from fedweigh.metrics import geometric_mean, youden_thresholds
-    from fedweigh.site import build_site_model
+    from fedweigh.site.data_config import resolve_site_data
+    from fedweigh.site.trainer import build_site_model
     from fedweigh.train import predict, set_params
 
     args = _client_args_of(job_dir)
@@ -209,7 +209,7 @@ def format_youden(report: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from fedweigh.records import load_rows  # matplotlib: loaded only when a demo runs
+    from fedweigh.server.records import load_rows
 
     job_dir = Path(args.job) if args.job else _repo_jobs_dir() / DEFAULT_DEMO_JOB
     if not (job_dir / "meta.json").is_file():
@@ -289,7 +289,7 @@ def _positive_int(text: str) -> int:
 
 def cmd_site_check(args: argparse.Namespace) -> int:
     """Check a site's data config (and with --load, read its data) before the site starts."""
-    from fedweigh.data.site_config import SiteDataConfig, find_site_config, load_site_from_config
+    from fedweigh.site.data_config import SiteDataConfig, find_site_config, load_site_from_config
 
     path = Path(args.config) if args.config else find_site_config(args.workspace)
     if path is None:
@@ -317,7 +317,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_policy(args: argparse.Namespace) -> int:
     import json
 
-    from fedweigh.policy import load_site_policy
+    from fedweigh.site.policy import load_site_policy
 
     try:
         policy = load_site_policy(args.kit)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_json", "atomic_write_npz", "atomic_write_text"]
+
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp)`` on a temporary file next to ``path``, then rename it to ``path``.
@@ -61,6 +63,3 @@ def atomic_write_npz(path: str | Path, **arrays: Any) -> Path:
             np.savez(f, **arrays)
 
     return atomic_write(path, write)
-
-
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_json", "atomic_write_npz", "atomic_write_text"]

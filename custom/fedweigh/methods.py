@@ -41,6 +41,29 @@ import numpy as np
 from fedweigh.losses import LOSS_CLASSES, LossContext, build_loss, loss_options, loss_uses_global_stats
 from fedweigh.weighting import SCHEMES, WeightingScheme, get_scheme
 
+__all__ = [
+    "ABLATIONS",
+    "ALL_METHODS",
+    "BASELINES",
+    "CLIENT_OPTIONS",
+    "CLIENT_OPTION_ALIASES",
+    "FEDBB_PAPER_CLIENT",
+    "FEDERATED_METHODS",
+    "KNOWN_METHODS",
+    "METHODS",
+    "REFERENCE_METHODS",
+    "VARIANTS",
+    "Method",
+    "MethodSpec",
+    "check_client_options",
+    "check_loss_options",
+    "check_scheme_options",
+    "method_spec",
+    "needs_statistics",
+    "parse_method",
+    "split_options",
+]
+
 Kind = Literal["federated", "centralized", "local"]
 
 #: ClientArgs fields a method may prescribe: its local training. The data, model, device and
@@ -131,9 +154,9 @@ _PROBE_CONTEXTS = _probe_contexts()
 
 def check_client_options(method: str, options: dict) -> dict:
     """``options`` with aliases resolved, if every name is in :data:`CLIENT_OPTIONS` and every value
-    is one :class:`fedweigh.site.ClientArgs` accepts; a one-line ValueError otherwise."""
+    is one :class:`fedweigh.site.args.ClientArgs` accepts; a one-line ValueError otherwise."""
     from fedweigh.checks import check_client_values
-    from fedweigh.site import ClientArgs
+    from fedweigh.site.args import ClientArgs
 
     resolved = {CLIENT_OPTION_ALIASES.get(k, k): v for k, v in options.items()}
     unknown = sorted(set(resolved) - set(CLIENT_OPTIONS))
@@ -245,7 +268,7 @@ class MethodSpec:
     kind: ``federated``, ``centralized`` or ``local``.
     scheme / scheme_args: the weighting scheme (federated only).
     loss / loss_options: the client loss (``default`` = BCE / CE).
-    client_options: :class:`fedweigh.site.ClientArgs` fields the method sets for local training
+    client_options: :class:`fedweigh.site.args.ClientArgs` fields the method sets for local training
         (:data:`CLIENT_OPTIONS`), over the run's shared settings.
     """
 
@@ -339,7 +362,7 @@ def method_spec(
     ):
         # FedNova's normaliser follows the local optimizer the method's clients are given
         scheme_options["local_optimizer"] = "sgd"
-        from fedweigh.site import ClientArgs
+        from fedweigh.site.args import ClientArgs
 
         scheme_options.setdefault("momentum", client.get("momentum", ClientArgs().momentum))
     return MethodSpec(
@@ -409,27 +432,3 @@ def parse_method(label: str) -> MethodSpec:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(KNOWN_METHODS)}")
     scheme_args, loss_opts, client_opts = split_options(name, name, _parse_options(label, opts))
     return method_spec(name, scheme_args, loss_opts, client_opts, label=label.strip())
-
-
-__all__ = [
-    "ABLATIONS",
-    "ALL_METHODS",
-    "BASELINES",
-    "CLIENT_OPTIONS",
-    "CLIENT_OPTION_ALIASES",
-    "FEDBB_PAPER_CLIENT",
-    "FEDERATED_METHODS",
-    "KNOWN_METHODS",
-    "METHODS",
-    "REFERENCE_METHODS",
-    "VARIANTS",
-    "Method",
-    "MethodSpec",
-    "check_client_options",
-    "check_loss_options",
-    "check_scheme_options",
-    "method_spec",
-    "needs_statistics",
-    "parse_method",
-    "split_options",
-]

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 from monai.networks.nets import DenseNet, DenseNet121, ViT
 from torch import nn
 
+from fedweigh.errors import PretrainedCheckpointError
+
 ARCHITECTURES: tuple[str, ...] = ("densenet_compact", "densenet121", "vit")
 NORMS: tuple[str, ...] = ("batch", "group", "instance")
 
@@ -90,10 +92,6 @@ def _batch_to_group_norm(module: nn.Module) -> nn.Module:
     for name, child in module.named_children():
         setattr(module, name, _batch_to_group_norm(child))
     return module
-
-
-class PretrainedCheckpointError(ValueError):
-    """A ``pretrained`` checkpoint that cannot be read or does not fit the network; names the file."""
 
 
 def read_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:

@@ -21,12 +21,18 @@ META_NUM_SAMPLES = "num_samples"
 META_NUM_STEPS = "NUM_STEPS_CURRENT_ROUND"
 #: Meta key of a task that carries the HE layout (fedweigh.secure.updates); its presence means HE mode.
 META_HE = "fedweigh_he"
-#: Meta key of a site's answer when its site policy (fedweigh.policy) refuses a task: the reason.
+#: Meta key of a site's answer when its site policy (fedweigh.site.policy) refuses a task: the reason.
 META_REFUSED = "fedweigh_refused"
 #: Meta key set (True) with META_REFUSED when the site refuses the whole job, not just this task.
 META_REFUSED_JOB = "fedweigh_refused_job"
 #: Meta key of a contribution to a secure sum: the fewest contributions the site's policy accepts.
 META_MIN_SECURE_SUM = "fedweigh_min_secure_sum"
+
+#: The fewest contributions any secure sum may hold (a sum of one is that site's own value).
+ABSOLUTE_MIN = 2
+#: A weight below this in magnitude contributes nothing to an encrypted sum (a zero plaintext makes
+#: SEAL's product "transparent", which it refuses); the skipped term is below 1e-12 * |Delta|.
+ZERO_WEIGHT = 1e-12
 
 #: Files the controller writes into the server's run directory.
 METRICS_JSON = "fedweigh_metrics.json"

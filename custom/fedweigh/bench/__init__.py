@@ -6,22 +6,15 @@
     result = run_bench(config, "bench-out")
     result.summary["avg_rank_auc"]
 
-Every cell trains with :class:`fedweigh.site.SiteTrainer` and weights with :mod:`fedweigh.rounds`, the
+Every cell trains with :class:`fedweigh.site.trainer.SiteTrainer` and weights with :mod:`fedweigh.server.rounds`, the
 code the NVFlare client and controller run. Outputs are described in :mod:`fedweigh.bench.report`.
 """
 
 from __future__ import annotations
 
 from fedweigh.bench.profiles import PROFILES, Profile, get_profile
-from fedweigh.bench.runner import (
-    BenchConfig,
-    BenchError,
-    BenchResult,
-    cell_key,
-    make_config,
-    run_bench,
-    run_cell,
-)
+from fedweigh.bench.runner import BenchConfig, BenchResult, cell_key, make_config, run_bench, run_cell
+from fedweigh.errors import BenchError
 from fedweigh.methods import (
     ALL_METHODS,
     FEDERATED_METHODS,

@@ -15,6 +15,8 @@ import numpy as np
 
 from fedweigh.io import atomic_write_npz, atomic_write_text
 
+__all__ = ["CELLS_DIR", "cell_key", "load_cell", "load_cell_scores", "store_cell"]
+
 CELLS_DIR = "cells"
 
 
@@ -50,6 +52,3 @@ def store_cell(cells_dir: Path, record: dict, scores: np.ndarray, labels: np.nda
     atomic_write_npz(cells_dir / f"{key}.npz", scores=scores.astype(np.float32), labels=labels)
     atomic_write_text(cells_dir / f"{key}.json", json.dumps(record, indent=1, default=float))
     return key
-
-
-__all__ = ["CELLS_DIR", "cell_key", "load_cell", "load_cell_scores", "store_cell"]

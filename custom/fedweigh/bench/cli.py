@@ -200,7 +200,8 @@ def main_bench(args: argparse.Namespace) -> int:
     import logging
     from dataclasses import replace
 
-    from fedweigh.bench.runner import BenchError, engine_layout, make_config, run_bench
+    from fedweigh.bench.runner import engine_layout, make_config, run_bench
+    from fedweigh.errors import BenchError
 
     logging.basicConfig(level=logging.WARNING)
     try:

@@ -36,6 +36,24 @@ from fedweigh.bench.cells import load_cell_scores
 from fedweigh.bench.stats import holm, wilcoxon_p
 from fedweigh.methods import parse_method
 
+__all__ = [
+    "AgainstFedAvg",
+    "against_fedavg",
+    "BOOTSTRAP_SEED",
+    "CONFIDENCE",
+    "Effect",
+    "N_RESAMPLES",
+    "PLATEAU_TOL_AUC",
+    "REFERENCE_METHOD",
+    "bootstrap_aucs",
+    "indicator",
+    "noise_floor",
+    "paired_effect",
+    "plateau_reached",
+    "resample_counts",
+    "weighted_macro_auc",
+]
+
 #: The method every effect is measured against.
 REFERENCE_METHOD = "fedavg"
 #: Bootstrap resamples per (scenario, seed), and the seed of their counts.
@@ -311,22 +329,3 @@ def against_fedavg(
             "null for a method whose per-scenario effects are all zero or undefined"
         )
     return AgainstFedAvg(effects, holm(raw), floor, plateau, tol, gm_05, notes)
-
-
-__all__ = [
-    "AgainstFedAvg",
-    "against_fedavg",
-    "BOOTSTRAP_SEED",
-    "CONFIDENCE",
-    "Effect",
-    "N_RESAMPLES",
-    "PLATEAU_TOL_AUC",
-    "REFERENCE_METHOD",
-    "bootstrap_aucs",
-    "indicator",
-    "noise_floor",
-    "paired_effect",
-    "plateau_reached",
-    "resample_counts",
-    "weighted_macro_auc",
-]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from fedweigh.data.scenarios import SCENARIOS
 from fedweigh.methods import ALL_METHODS
-from fedweigh.site import ClientArgs
+from fedweigh.site.args import ClientArgs
 
 #: The standard profile's methods: each claim of the three papers with the ablation that carries it.
 STANDARD_METHODS = ("fedavg", "feddraw", "fedadp", "fedbb", "fedbb-pnb", "fedbb-cbr", "dafl", "dafl-loss")

@@ -1,9 +1,9 @@
 """The benchmark runner: scenario x method x seed cells, each a whole federated run in one process.
 
 A federated cell does what ``nvflare simulator`` does with the method's recipe, on the same code:
-the sites are :class:`fedweigh.site.SiteTrainer` objects (the NVFlare client script drives the same
-class), and the server's side of each round is :class:`fedweigh.rounds.RoundStep` recorded by
-:class:`fedweigh.records.RoundRecorder` (the :class:`~fedweigh.flare.controller.FedweighController`
+the sites are :class:`fedweigh.site.trainer.SiteTrainer` objects (the NVFlare client script drives the same
+class), and the server's side of each round is :class:`fedweigh.server.rounds.RoundStep` recorded by
+:class:`fedweigh.server.records.RoundRecorder` (the :class:`~fedweigh.flare.controller.FedweighController`
 calls the same step and recorder).
 Per round t = 1..T: sample sites, send theta_g^{t-1} with the scheme's plan (a site evaluates it,
 trains on it and reports), check every result as the controller does, record the mean of the sites'
@@ -46,19 +46,19 @@ from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell, store_cell
 from fedweigh.bench.profiles import THRESHOLDS, get_profile
 from fedweigh.bench.report import SUMMARY_JSON, write_outputs
 from fedweigh.bench.sites import make_sites
-from fedweigh.checks import ConfigError, check_client_args, check_dataset_path
+from fedweigh.checks import check_client_args, check_dataset_path
 from fedweigh.data import DATASETS, build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
 from fedweigh.data.scenario_file import load_scenario_file
 from fedweigh.data.scenarios import Scenario, get_scenario
-from fedweigh.data.site_config import expand_data_path
+from fedweigh.errors import BenchError, ConfigError
+from fedweigh.histograms import global_stats_of
 from fedweigh.io import atomic_write_text
-from fedweigh.label_stats import global_stats_of
 from fedweigh.methods import CLIENT_OPTION_ALIASES, CLIENT_OPTIONS, MethodSpec, parse_method
 from fedweigh.metrics import youden_thresholds
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
-from fedweigh.records import RoundRecorder
-from fedweigh.rounds import (
+from fedweigh.server.records import RoundRecorder
+from fedweigh.server.rounds import (
     DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
     ClientResult,
@@ -70,7 +70,9 @@ from fedweigh.rounds import (
     mean_metrics,
     sample_sites,
 )
-from fedweigh.site import ClientArgs, RoundOutput, SiteTrainer, build_site_model
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.data_config import expand_data_path
+from fedweigh.site.trainer import RoundOutput, SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, predict, set_params
 from fedweigh.weighting.geometry import use_model_buffers
 
@@ -760,10 +762,6 @@ class BenchResult:
     trained: int
     skipped: int
     out_dir: Path
-
-
-class BenchError(RuntimeError):
-    """Some cells failed (the others are stored; a rerun retries only the failed ones)."""
 
 
 def engine_layout(cells: int, cores: int | None = None) -> tuple[int, int]:

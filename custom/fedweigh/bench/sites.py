@@ -1,6 +1,6 @@
 """The sites of one benchmark cell: trained in this process, or in parallel worker processes.
 
-:class:`LocalSites` holds one :class:`fedweigh.site.SiteTrainer` per site in this process;
+:class:`LocalSites` holds one :class:`fedweigh.site.trainer.SiteTrainer` per site in this process;
 :class:`SitePool` spreads the sites over ``workers`` persistent processes (spawned once per process
 and reused by every cell that follows, one torch intra-op thread each; sites balanced by
 training-set size), so a cell's sites train in parallel. Both keep every site's trainer (model, optimizer state, DP account) for the whole cell and
@@ -21,8 +21,11 @@ import torch
 from fedweigh.arrays import Params
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.secure.stats_release import ReleasedHistogram
-from fedweigh.site import ClientArgs, RoundOutput, SiteTrainer
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.trainer import RoundOutput, SiteTrainer
 from fedweigh.train import set_params
+
+__all__ = ["LocalSites", "SitePool", "balance", "make_sites", "site_pool"]
 
 
 class LocalSites:
@@ -229,6 +232,3 @@ def make_sites(
     if workers <= 1 or len(sites) <= 1:
         return LocalSites(sites, test, args, threads=args.threads or None)
     return site_pool(min(workers, len(sites))).load(sites, test, args)
-
-
-__all__ = ["LocalSites", "SitePool", "balance", "make_sites", "site_pool"]

@@ -39,6 +39,17 @@ from fedweigh.bench.report import (
     seeds_above_table,
 )
 
+__all__ = [
+    "MARKER",
+    "MarkedTable",
+    "check_document",
+    "marked_tables",
+    "methods_table",
+    "replicate_table",
+    "results_tables",
+    "tests_table",
+]
+
 #: ``<!-- table: RUN NAME -->`` (a sourced table) or ``<!-- table: none (REASON) -->``.
 MARKER = re.compile(r"^<!-- table: (?:none \((?P<reason>[^)]+)\)|(?P<run>\S+) (?P<name>\S+)) -->$")
 
@@ -267,17 +278,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {plot_effects(summary, args.effects_plot, title)}", file=sys.stderr)
     return 0
 
-
-__all__ = [
-    "MARKER",
-    "MarkedTable",
-    "check_document",
-    "marked_tables",
-    "methods_table",
-    "replicate_table",
-    "results_tables",
-    "tests_table",
-]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,13 +4,13 @@ Datasets: ``synthcxr`` (embedded, generated), ``chestmnist`` (a MedMNIST ``.npz`
 (csv + images) and ``digits`` (scikit-learn). :func:`load_pool` (:mod:`fedweigh.data.pools`) returns a
 dataset's training pool (what the scenarios partition) and its global test set;
 :func:`build_federation` (:mod:`fedweigh.data.scenarios`) does the rest. Where a deployed site's data
-comes from: :mod:`fedweigh.data.site_config`.
+comes from: :mod:`fedweigh.site.data_config`.
 """
 
 from __future__ import annotations
 
 from fedweigh.data.base import CHEST_FINDINGS, Federation, LabeledImages, SiteData, Task
-from fedweigh.data.chestmnist import DatasetFormatError, load_medmnist_npz, resize_images
+from fedweigh.data.chestmnist import load_medmnist_npz, resize_images
 from fedweigh.data.chexpert import (
     CHEXPERT_FINDINGS,
     CHEXPERT_LABELS,
@@ -39,6 +39,7 @@ from fedweigh.data.scenarios import (
 )
 from fedweigh.data.shift import AcquisitionProfile, apply_acquisition_shift, site_profile
 from fedweigh.data.synthcxr import generate_synthcxr, load_synthcxr
+from fedweigh.errors import DatasetFormatError
 
 __all__ = [
     "CHEST_FINDINGS",

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fedweigh.data.base import CHEST_FINDINGS, LabeledImages, Task
+from fedweigh.errors import DatasetFormatError
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 
@@ -24,10 +25,6 @@ _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 #: Images converted per step, which bounds the float32 working memory at large resolutions.
 _CHUNK = 4096
-
-
-class DatasetFormatError(ValueError):
-    """A dataset file exists but does not have the expected layout; the message names file and problem."""
 
 
 def resize_images(images: np.ndarray, size: int) -> np.ndarray:

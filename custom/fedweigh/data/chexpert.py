@@ -23,8 +23,8 @@ from typing import Literal
 import numpy as np
 
 from fedweigh.data.base import LabeledImages
-from fedweigh.data.chestmnist import DatasetFormatError
 from fedweigh.data.transforms import load_image_files
+from fedweigh.errors import DatasetFormatError
 
 #: The 14 label columns of the CheXpert csv files, in file order.
 CHEXPERT_LABELS: tuple[str, ...] = (

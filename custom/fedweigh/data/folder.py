@@ -32,6 +32,7 @@ import numpy as np
 
 from fedweigh.data.base import LabeledImages
 from fedweigh.data.transforms import load_image_files
+from fedweigh.errors import FolderFormatError
 
 DATASET = "images_csv"
 DICOM_SUFFIXES = (".dcm", ".dicom")
@@ -48,13 +49,9 @@ LOADER_OPTIONS = (
 )
 
 
-class FolderFormatError(ValueError):
-    """The CSV or an image it names cannot be read; the message names the file, row and column."""
-
-
 def check_options(options: dict, source: str) -> None:
     """Check the loader options of ``images_csv`` (raises :class:`fedweigh.checks.ConfigError`)."""
-    from fedweigh.checks import ConfigError
+    from fedweigh.errors import ConfigError
 
     unknown = sorted(set(options) - set(LOADER_OPTIONS))
     if unknown:

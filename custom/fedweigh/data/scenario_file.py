@@ -41,6 +41,7 @@ from fedweigh.data.scenarios import (
     SiteLabels,
 )
 from fedweigh.data.shift import AcquisitionProfile, degraded_profile
+from fedweigh.errors import ScenarioFileError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOP_KEYS = (
@@ -58,10 +59,6 @@ _TOP_KEYS = (
 )
 _SITE_KEYS = ("name", "size", "share", "labels", "shift", "label_noise")
 _PROFILE_KEYS = ("contrast", "gamma", "noise_std", "blur_sigma", "offset")
-
-
-class ScenarioFileError(ValueError):
-    """A scenario file that cannot be read or breaks the schema (one-line message)."""
 
 
 class _Reader:

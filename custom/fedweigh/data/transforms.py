@@ -20,6 +20,16 @@ from typing import Literal
 import numpy as np
 import torch
 
+__all__ = [
+    "INTENSITIES",
+    "AntialiasedResize",
+    "Augmentation",
+    "GreyDraft",
+    "augment_images",
+    "file_pipeline",
+    "load_image_files",
+]
+
 Intensity = Literal["uint8", "minmax"]
 INTENSITIES: tuple[str, ...] = ("uint8", "minmax")
 
@@ -228,14 +238,3 @@ def augment_images(
     a = a.to(device=x.device, dtype=x.dtype).view(n, 1, 1, 1)
     b = b.to(device=x.device, dtype=x.dtype).view(n, 1, 1, 1)
     return (a * moved + b).clamp(0.0, 1.0)
-
-
-__all__ = [
-    "INTENSITIES",
-    "AntialiasedResize",
-    "Augmentation",
-    "GreyDraft",
-    "augment_images",
-    "file_pipeline",
-    "load_image_files",
-]

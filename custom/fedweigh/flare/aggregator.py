@@ -5,7 +5,7 @@ Plugs a weighting scheme into stock NVFlare workflows that accept a ``ModelAggre
     from nvflare.app_opt.pt.recipes import FedAvgRecipe
     recipe = FedAvgRecipe(..., aggregator=FedweighAggregator(scheme="feddraw"))
 
-Each round goes through the same :class:`fedweigh.rounds.RoundStep` as the fedweigh controller
+Each round goes through the same :class:`fedweigh.server.rounds.RoundStep` as the fedweigh controller
 (validate, weigh, cap at ``max_share``, aggregate). Stock ``FedAvg`` sends no plan and runs no
 label-statistics phase, so this aggregator can feed only the schemes that weight from parameters,
 sample counts and steps: FedAvg, FedProx (weights only; the clients' proximal term is theirs),
@@ -26,7 +26,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.protocol import META_NUM_SAMPLES
-from fedweigh.rounds import (
+from fedweigh.server.rounds import (
     DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
     ClientResult,

@@ -55,6 +55,8 @@ from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_
 from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.weighting import get_scheme
 
+__all__ = ["answer_statistics", "global_statistics", "is_statistics_task", "plan_of", "result_meta"]
+
 logger = logging.getLogger("fedweigh.byo")
 
 
@@ -180,6 +182,3 @@ def global_statistics(job_id: str | None = None) -> dict | None:
         job_id = str(flare.get_job_id())
     path = Path(GLOBAL_STATS_FILE.format(job_id=job_id))
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-__all__ = ["answer_statistics", "global_statistics", "is_statistics_task", "plan_of", "result_meta"]

@@ -16,7 +16,7 @@ site decrypts the global model it receives (round 1: plaintext) with its client 
 decrypted model in ``fedweigh_he_global_<job id>.npz`` in its working folder (after the final
 ``validate`` task: theta_g^T), and sends Enc(theta_k - theta_g) instead of its parameters.
 
-The site's privacy policy (:mod:`fedweigh.policy`, ``local/fedweigh_policy.json``) judges the job
+The site's privacy policy (:mod:`fedweigh.site.policy`, ``local/fedweigh_policy.json``) judges the job
 before any task is answered: its DP settings at start, the statistics mode, encryption and the
 scalars of each task. A job asking for less is refused: the site logs the reason and answers every
 task with it (``fedweigh_refused``) instead of any data. DP budgets are keyed by the budget id the
@@ -35,18 +35,10 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.client.tracking import SummaryWriter
 
 from fedweigh.arrays import Params
-from fedweigh.data.site_config import resolve_site_data
+from fedweigh.errors import PolicyRefusal
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task, load_cached_global_stats
 from fedweigh.io import atomic_write_npz
-from fedweigh.policy import (
-    PolicyRefusal,
-    PrivacyGuard,
-    PrivacyLedger,
-    SitePolicy,
-    ledger_path,
-    load_site_policy,
-)
 from fedweigh.protocol import (
     META_HE,
     META_MIN_SECURE_SUM,
@@ -59,7 +51,10 @@ from fedweigh.protocol import (
     TASK_STATS,
     TASK_TRAIN,
 )
-from fedweigh.site import ClientArgs, SiteTrainer, parse_args
+from fedweigh.site.args import ClientArgs, parse_args
+from fedweigh.site.data_config import resolve_site_data
+from fedweigh.site.policy import PrivacyGuard, PrivacyLedger, SitePolicy, ledger_path, load_site_policy
+from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import get_params, set_params
 
 logger = logging.getLogger("fedweigh.client")

@@ -3,9 +3,9 @@
 Per round t = 1..T, as NVFlare's own ``FedAvg`` does, with its round events (``ROUND_STARTED``,
 ``BEFORE_AGGREGATION``, ``AFTER_AGGREGATION``) so that model selection and the other event-driven
 widgets work: sample sites, send the global model theta_g^{t-1} with the scheme's plan, and hand
-the results to :class:`fedweigh.rounds.RoundStep` (validate, weigh, cap, aggregate with the
+the results to :class:`fedweigh.server.rounds.RoundStep` (validate, weigh, cap, aggregate with the
 plaintext or CKKS backend). The scheme's math lives in :mod:`fedweigh.weighting`, the round in
-:mod:`fedweigh.rounds`; this module only wires them into NVFlare.
+:mod:`fedweigh.server.rounds`; this module only wires them into NVFlare.
 
 After each round the global model is persisted through the job's persistor and the run state
 (round, scheme state, metric rows) to ``fedweigh_state.json`` + ``fedweigh_global.npz``, so a run
@@ -47,8 +47,9 @@ from fedweigh.protocol import (
     TASK_TRAIN,
     TASK_VALIDATE,
 )
-from fedweigh.records import RoundRecorder
-from fedweigh.rounds import (
+from fedweigh.server.quorum import server_floor
+from fedweigh.server.records import RoundRecorder
+from fedweigh.server.rounds import (
     DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
     AggregationBackend,
@@ -61,8 +62,7 @@ from fedweigh.rounds import (
     mean_metrics,
     sample_sites,
 )
-from fedweigh.secure.quorum import server_floor
-from fedweigh.validation import ResultLimits
+from fedweigh.server.validation import ResultLimits
 from fedweigh.weighting import get_scheme
 from fedweigh.weighting.geometry import use_model_buffers
 
@@ -92,7 +92,7 @@ def _server_memory_mb() -> dict[str, float]:
 
 
 def client_result(model: FLModel) -> ClientResult:
-    """An NVFlare result as the round step's plain :class:`~fedweigh.rounds.ClientResult`."""
+    """An NVFlare result as the round step's plain :class:`~fedweigh.server.rounds.ClientResult`."""
     meta = model.meta if isinstance(model.meta, dict) else {}
     return ClientResult(
         site=str(meta.get("client_name", "?")), params=model.params, meta=meta, metrics=model.metrics
@@ -126,7 +126,7 @@ class FedweighController(ModelController):
             or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear.
             None: encrypt every floating-point array.
         max_share: cap on any one site's share of a round's total weight (water-filling,
-            :func:`fedweigh.rounds.cap_weights`); bounds a site that inflates its sample count or
+            :func:`fedweigh.server.rounds.cap_weights`); bounds a site that inflates its sample count or
             forges its statistics. ``"auto"`` (default): half the weight once three or more sites
             count. None: no cap.
         update_norm_bound: scale every array of an update down to this many times the median norm of
@@ -135,7 +135,7 @@ class FedweighController(ModelController):
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
             updates is below this while those agree with each other (plaintext updates, three or more
             sites; default 0: an update opposing a consensus of the others,
-            :func:`fedweigh.rounds.direction_outliers`); None: off.
+            :func:`fedweigh.server.rounds.direction_outliers`); None: off.
         min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
             encrypted model aggregate) before anything is decrypted; at most the number of sites,
             never below 2; each site's policy may ask for more (default 3).
@@ -324,7 +324,7 @@ class FedweighController(ModelController):
         """Plaintext theta_g, or under HE the server's encrypted global model (restored on resume)."""
         if not self.he:
             return PlaintextBackend(initial)
-        from fedweigh.secure.updates import EncryptedGlobalModel  # TenSEAL: loaded only under HE
+        from fedweigh.server.encrypted import EncryptedGlobalModel
 
         ctx, location = load_role_context("server")
         he_model = EncryptedGlobalModel(ctx, initial, self.he_layers)

@@ -31,7 +31,7 @@ import fedweigh
 from fedweigh.flare.recipes import MethodRecipe
 from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME, InstalledClientExecutor
 from fedweigh.methods import FEDERATED_METHODS
-from fedweigh.site import ClientArgs
+from fedweigh.site.args import ClientArgs
 
 #: Settings of the SynthCXR jobs: 4 hospitals with quantity skew and acquisition shift, compact DenseNet.
 SYNTHCXR_CLIENT = ClientArgs(dataset="synthcxr", scenario="quantity-shift", num_images=12000, epochs=1)

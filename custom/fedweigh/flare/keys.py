@@ -23,6 +23,8 @@ from nvflare.fuel.sec.security_content_service import LoadResult, SecurityConten
 from fedweigh.secure.contexts import ContextLocation, context_from_bytes, locate_context
 from fedweigh.secure.exchange import ContextProvider
 
+__all__ = ["SIGNATURE_FILE", "load_role_context", "read_verified_context", "role_context_provider"]
+
 if TYPE_CHECKING:  # TenSEAL is loaded by the first context read (fedweigh.secure.contexts), not on import
     import tenseal as ts
 
@@ -94,6 +96,3 @@ def role_context_provider(start_dir: str | Path | None = None) -> ContextProvide
         return ctx
 
     return provide
-
-
-__all__ = ["SIGNATURE_FILE", "load_role_context", "read_verified_context", "role_context_provider"]

@@ -36,11 +36,23 @@ import torch
 from nvflare.apis.job_def import ALL_SITES
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
-from fedweigh.checks import ConfigError
+from fedweigh.errors import BundleError, ConfigError
 from fedweigh.flare.byo import answer_statistics, global_statistics, is_statistics_task, plan_of, result_meta
 from fedweigh.flare.recipes import MethodRecipe
 from fedweigh.protocol import META_NUM_SAMPLES, TASK_TRAIN
 from fedweigh.train import fedprox_term
+
+__all__ = [
+    "BUNDLE_CLIENT_SCRIPT",
+    "BundleError",
+    "BundleSite",
+    "MonaiBundleRecipe",
+    "bundle_model",
+    "bundle_network",
+    "label_counts",
+    "main",
+    "parse_overrides",
+]
 
 logger = logging.getLogger("fedweigh.monai_bundle")
 
@@ -50,10 +62,6 @@ BUNDLE_CLIENT_SCRIPT = str(Path(__file__).with_name("monai_bundle_client.py"))
 SITE_OVERRIDES_ENV = "FEDWEIGH_BUNDLE_OVERRIDES"
 DEFAULT_TRAIN_CONFIG = "configs/train.json"
 DEFAULT_EVAL_CONFIG = "configs/evaluate.json"
-
-
-class BundleError(ValueError):
-    """A bundle, its data list or an override cannot be used; the message names the file or field."""
 
 
 def bundle_network(
@@ -452,16 +460,3 @@ class MonaiBundleRecipe(MethodRecipe):
         # class instead of carrying MONAI's source (and what it imports) in custom/
         installed = ["monai"] if kwargs.get("bundle") else ["fedweigh", "monai"]
         self._job.set_app_packages(installed)
-
-
-__all__ = [
-    "BUNDLE_CLIENT_SCRIPT",
-    "BundleError",
-    "BundleSite",
-    "MonaiBundleRecipe",
-    "bundle_model",
-    "bundle_network",
-    "label_counts",
-    "main",
-    "parse_overrides",
-]

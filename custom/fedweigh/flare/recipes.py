@@ -28,13 +28,14 @@ from nvflare.job_config.script_runner import FrameworkType, ScriptRunner
 from nvflare.recipe.spec import Recipe
 from nvflare.recipe.utils import prepare_initial_ckpt
 
-from fedweigh.checks import ConfigError, check_client_args, check_recipe_values
+from fedweigh.checks import check_client_args, check_recipe_values
 from fedweigh.data.pools import dataset_classes
+from fedweigh.errors import ConfigError
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
-from fedweigh.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
-from fedweigh.site import ClientArgs
+from fedweigh.server.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
+from fedweigh.site.args import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
 CLIENT_SCRIPT = str(Path(__file__).with_name("fedweigh_client.py"))

@@ -1,12 +1,12 @@
 """The label-statistics phase in NVFlare: sites learn the global label histogram before training.
 
 The math (the statistics vector v_k, its sum, decoding, how sums travel) is in
-:mod:`fedweigh.label_stats` and :mod:`fedweigh.secure.exchange`; which contributions are summed is
-:func:`fedweigh.label_stats.sum_statistics`. This module runs it as NVFlare tasks. The phase has two
+:mod:`fedweigh.histograms` and :mod:`fedweigh.secure.exchange`; which contributions are summed is
+:func:`fedweigh.server.label_stats.sum_statistics`. This module runs it as NVFlare tasks. The phase has two
 steps, both sent as the ``stats`` task:
 
 1. ``collect``: every site sends its contribution (or its site policy's refusal); the server checks
-   and sums the valid ones when a quorum of them remains (:mod:`fedweigh.secure.quorum`);
+   and sums the valid ones when a quorum of them remains (:mod:`fedweigh.server.quorum`);
 2. ``distribute``: the server returns the sum; every site checks that it holds at least the number
    of contributions its own policy demands, then derives the global statistics and keeps them (the
    loss and the scheme's client scalars use them). Without a valid sum nothing is distributed: the
@@ -14,7 +14,7 @@ steps, both sent as the ``stats`` task:
 
 ``plain`` sends v_k in clear (research runs only: it reveals each hospital's disease prevalence to the
 server and logs a warning), ``secure`` sums CKKS ciphertexts so the server sees neither v_k nor the sum.
-A site takes part only in the modes its policy lists (:class:`fedweigh.policy.SitePolicy`).
+A site takes part only in the modes its policy lists (:class:`fedweigh.site.policy.SitePolicy`).
 """
 
 from __future__ import annotations
@@ -27,19 +27,20 @@ from typing import Protocol
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from fedweigh.flare.keys import role_context_provider
-from fedweigh.label_stats import (
-    META_LENGTH,
-    PlainExchange,
-    StatisticsExchange,
-    decode_sum,
-    statistics_vector,
-    sum_statistics,
-)
-from fedweigh.policy import PERMISSIVE_DEFAULT, SitePolicy
-from fedweigh.protocol import META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_PLAN, TASK_STATS
+from fedweigh.histograms import META_LENGTH, PlainExchange, StatisticsExchange, decode_sum, statistics_vector
+from fedweigh.protocol import ABSOLUTE_MIN, META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_PLAN, TASK_STATS
 from fedweigh.secure.exchange import SecureExchange
-from fedweigh.secure.quorum import ABSOLUTE_MIN
 from fedweigh.secure.stats_release import ReleasedHistogram
+from fedweigh.server.label_stats import sum_statistics
+from fedweigh.site.policy import PERMISSIVE_DEFAULT, SitePolicy
+
+__all__ = [
+    "GLOBAL_STATS_FILE",
+    "answer_statistics_task",
+    "load_cached_global_stats",
+    "make_exchange",
+    "run_statistics_phase",
+]
 
 logger = logging.getLogger("fedweigh.statistics")
 
@@ -103,7 +104,7 @@ def run_statistics_phase(
 class StatisticsSite(Protocol):
     """What the statistics phase needs of a site: its name and job, what it may release of its label
     histogram, its training-set size, and where the global statistics go (a
-    :class:`fedweigh.site.SiteTrainer`, or a user's own script through :mod:`fedweigh.flare.byo`)."""
+    :class:`fedweigh.site.trainer.SiteTrainer`, or a user's own script through :mod:`fedweigh.flare.byo`)."""
 
     site_name: str
     job_id: str
@@ -164,12 +165,3 @@ def load_cached_global_stats(job_id: str) -> dict | None:
         except (OSError, json.JSONDecodeError):
             return None
     return None
-
-
-__all__ = [
-    "GLOBAL_STATS_FILE",
-    "answer_statistics_task",
-    "load_cached_global_stats",
-    "make_exchange",
-    "run_statistics_phase",
-]

@@ -21,6 +21,26 @@ from .dafl import DAFLLoss, dafl_coefficients
 from .focal import FocalLoss
 from .pnb import PNBLoss, pnb_alphas
 
+__all__ = [
+    "LOSSES",
+    "LOSS_CLASSES",
+    "BCELoss",
+    "CELoss",
+    "ClassBalancedLoss",
+    "ClientLoss",
+    "DAFLLoss",
+    "FocalLoss",
+    "LossContext",
+    "PNBLoss",
+    "build_loss",
+    "class_balanced_weights",
+    "dafl_coefficients",
+    "inverse_effective_number",
+    "loss_options",
+    "loss_uses_global_stats",
+    "pnb_alphas",
+]
+
 LossBuilder = Callable[..., ClientLoss]
 
 #: name -> loss class (each builds itself with ``from_context(ctx, **options)``)
@@ -68,24 +88,3 @@ def build_loss(name: str, ctx: LossContext, **options: Any) -> ClientLoss:
             f"loss {resolved!r} got unknown option(s) {unknown}; accepted options: {list(accepted)}"
         )
     return LOSSES[resolved](ctx, **options)
-
-
-__all__ = [
-    "LOSSES",
-    "LOSS_CLASSES",
-    "BCELoss",
-    "CELoss",
-    "ClassBalancedLoss",
-    "ClientLoss",
-    "DAFLLoss",
-    "FocalLoss",
-    "LossContext",
-    "PNBLoss",
-    "build_loss",
-    "class_balanced_weights",
-    "dafl_coefficients",
-    "inverse_effective_number",
-    "loss_options",
-    "loss_uses_global_stats",
-    "pnb_alphas",
-]

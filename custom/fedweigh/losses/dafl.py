@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedweigh.weighting.dafl import MissingRule, check_missing_rule, class_level_parameters, client_imbalance
+from fedweigh.imbalance import MissingRule, check_missing_rule, class_level_parameters, client_imbalance
 
 from .base import (
     ClientLoss,

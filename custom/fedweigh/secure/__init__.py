@@ -11,7 +11,7 @@ Homomorphic encryption
       ``secure`` label-statistics exchange; it takes a context provider (no NVFlare import; the
       NVFlare one, with signature checks, is :func:`fedweigh.flare.keys.role_context_provider`).
     - :mod:`~fedweigh.secure.updates`: encrypted model updates (HE aggregation of the model).
-    - :mod:`~fedweigh.secure.quorum`: how many contributions any secure sum needs before anyone may
+    - :mod:`~fedweigh.server.quorum`: how many contributions any secure sum needs before anyone may
       decrypt it (the server's minimum and each site's policy).
 
 Differential privacy

@@ -23,6 +23,18 @@ from typing import Any
 from fedweigh.io import atomic_write_json
 from fedweigh.secure.dp_config import ACCOUNTANTS, DPConfig, job_site_path
 
+__all__ = [
+    "DP_STATE_FILE",
+    "AccountantState",
+    "History",
+    "dp_state_path",
+    "epsilon_for",
+    "extend_history",
+    "load_accountant_state",
+    "make_accountant",
+    "save_accountant_state",
+]
+
 #: File (in the client's working directory) that keeps a site's DP-SGD accountant for a job.
 DP_STATE_FILE = "fedweigh_dp_sgd_{job_id}_{site}.json"
 STATE_FORMAT = 1
@@ -120,16 +132,3 @@ def save_accountant_state(path: Path, config: DPConfig, site_name: str, state: A
         },
         indent=1,
     )
-
-
-__all__ = [
-    "DP_STATE_FILE",
-    "AccountantState",
-    "History",
-    "dp_state_path",
-    "epsilon_for",
-    "extend_history",
-    "load_accountant_state",
-    "make_accountant",
-    "save_accountant_state",
-]

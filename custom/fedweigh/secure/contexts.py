@@ -29,7 +29,40 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedweigh.errors import ContextNotFoundError, SimulationKeysRefused
 from fedweigh.io import atomic_write_bytes
+
+__all__ = [
+    "CLIENT_CONTEXT_FILE",
+    "COEFF_MOD_BIT_SIZES",
+    "CONTEXT_DIR_ENV",
+    "CONTEXT_FILES",
+    "MAX_LEVELS_UP",
+    "POLY_MODULUS_DEGREE",
+    "PROVISIONED_MARKERS",
+    "SCALE_BITS",
+    "SERVER_CONTEXT_FILE",
+    "SIMULATION_DIR",
+    "SIMULATION_HEADER",
+    "SIMULATION_MARKER",
+    "SIMULATOR_JOB_FOLDER",
+    "STARTUP_FOLDER",
+    "ContextLocation",
+    "ContextNotFoundError",
+    "SimulationKeysRefused",
+    "context_from_bytes",
+    "find_site_root",
+    "is_provisioned",
+    "is_public",
+    "is_simulation_key_data",
+    "is_simulator_site",
+    "load_context",
+    "locate_context",
+    "make_context",
+    "save_context_files",
+    "serialize_context",
+    "simulation_keys",
+]
 
 if TYPE_CHECKING:  # TenSEAL is imported where a context is made or read: plaintext runs never load it
     import tenseal as ts
@@ -59,14 +92,6 @@ SCALE_BITS = 40
 
 #: How many folders above the start folder may hold the site's startup/ (app dir -> job dir -> site).
 MAX_LEVELS_UP = 3
-
-
-class ContextNotFoundError(FileNotFoundError):
-    """No TenSEAL context could be found; the message lists every place that was searched."""
-
-
-class SimulationKeysRefused(RuntimeError):
-    """Simulation-only keys were offered in a provisioned deployment."""
 
 
 # ------------------------------------------------------------------------------------------ contexts
@@ -304,36 +329,3 @@ def locate_context(
             f"(no {STARTUP_FOLDER}/ folder)"
         )
     raise ContextNotFoundError(f"no {role} TenSEAL context ({name}) found; looked at: " + "; ".join(looked))
-
-
-__all__ = [
-    "CLIENT_CONTEXT_FILE",
-    "COEFF_MOD_BIT_SIZES",
-    "CONTEXT_DIR_ENV",
-    "CONTEXT_FILES",
-    "MAX_LEVELS_UP",
-    "POLY_MODULUS_DEGREE",
-    "PROVISIONED_MARKERS",
-    "SCALE_BITS",
-    "SERVER_CONTEXT_FILE",
-    "SIMULATION_DIR",
-    "SIMULATION_HEADER",
-    "SIMULATION_MARKER",
-    "SIMULATOR_JOB_FOLDER",
-    "STARTUP_FOLDER",
-    "ContextLocation",
-    "ContextNotFoundError",
-    "SimulationKeysRefused",
-    "context_from_bytes",
-    "find_site_root",
-    "is_provisioned",
-    "is_public",
-    "is_simulation_key_data",
-    "is_simulator_site",
-    "load_context",
-    "locate_context",
-    "make_context",
-    "save_context_files",
-    "serialize_context",
-    "simulation_keys",
-]

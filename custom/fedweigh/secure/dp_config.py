@@ -21,16 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedweigh.errors import PrivacyBudgetExhausted
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DPConfig",
+    "DP_MODES",
+    "LOCAL_JOB_ID",
+    "PrivacyBudgetExhausted",
+    "STATS_MECHANISMS",
+    "StatsDPConfig",
+    "job_site_path",
+]
+
 #: Per-sample gradient implementations: fedweigh's own layer hooks ("fast"), and Opacus' modes.
 DP_MODES: tuple[str, ...] = ("auto", "fast", "hooks", "functorch", "ghost")
 ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 STATS_MECHANISMS: tuple[str, ...] = ("analytic", "classic")
 #: The job id of in-process runs (``SiteTrainer.job_id`` default): nothing is persisted for it.
 LOCAL_JOB_ID = "local"
-
-
-class PrivacyBudgetExhausted(RuntimeError):
-    """Training another round would spend more than the site's DP-SGD budget."""
 
 
 @dataclass
@@ -147,15 +156,3 @@ def job_site_path(pattern: str, job_id: str, site_name: str, folder: str | Path 
     Names the files a site keeps for one job (its DP-SGD account, its released label histogram).
     """
     return Path(folder) / pattern.format(job_id=_safe_name(job_id), site=_safe_name(site_name))
-
-
-__all__ = [
-    "ACCOUNTANTS",
-    "DPConfig",
-    "DP_MODES",
-    "LOCAL_JOB_ID",
-    "PrivacyBudgetExhausted",
-    "STATS_MECHANISMS",
-    "StatsDPConfig",
-    "job_site_path",
-]

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from fedweigh.data.base import LabeledImages
+from fedweigh.errors import PrivacyBudgetExhausted
 from fedweigh.secure.accountant import (
     AccountantState,
     History,
@@ -41,9 +42,11 @@ from fedweigh.secure.accountant import (
     make_accountant,
     save_accountant_state,
 )
-from fedweigh.secure.dp_config import DPConfig, PrivacyBudgetExhausted
+from fedweigh.secure.dp_config import DPConfig
 from fedweigh.secure.grad_sample import FastGradSampler, PerSampleLoss, dp_optimizer_class
 from fedweigh.train import TrainConfig, TrainResult, default_loss, make_loader, make_optimizer, run_epochs
+
+__all__ = ["DPRoundReport", "DPSGD"]
 
 logger = logging.getLogger("fedweigh.secure.dp_sgd")
 
@@ -109,7 +112,7 @@ class DPSGD:
         seed: seeds Poisson sampling and noise, for reproducible tests only. The default (None) draws
             fresh seeds from the OS each round: the job's seed is known to the server, and noise it
             could regenerate would protect nothing.
-        guard: the site policy's epsilon caps (:class:`fedweigh.policy.PrivacyGuard`): asked before
+        guard: the site policy's epsilon caps (:class:`fedweigh.site.policy.PrivacyGuard`): asked before
             each round with the epsilon the round would reach (it raises to refuse the round), told
             after it what was reached. None: no caps beyond the job's target.
     """
@@ -400,6 +403,3 @@ class DPSGD:
             mode=mode,
             history=[tuple(h) for h in self.accountant.history],
         )
-
-
-__all__ = ["DPRoundReport", "DPSGD"]

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedweigh.label_stats import META_LENGTH, META_NUM_CONTRIBUTIONS, StatisticsExchange
-from fedweigh.secure.quorum import ABSOLUTE_MIN
+from fedweigh.histograms import META_LENGTH, META_NUM_CONTRIBUTIONS, StatisticsExchange
+from fedweigh.protocol import ABSOLUTE_MIN
 from fedweigh.secure.vectors import (
     check_fresh_ciphertext,
     decrypt_vector,
@@ -35,13 +35,23 @@ from fedweigh.secure.vectors import (
     sum_encrypted,
 )
 
+__all__ = [
+    "ENCODING",
+    "META_CIPHERTEXT",
+    "META_ENCODING",
+    "META_LENGTH",
+    "META_NUM_CONTRIBUTIONS",
+    "ContextProvider",
+    "SecureExchange",
+]
+
 if TYPE_CHECKING:  # the contexts come from the provider; importing this module does not load TenSEAL
     import tenseal as ts
 
 META_CIPHERTEXT = "fedweigh_stats_ciphertext"
 META_ENCODING = "fedweigh_stats_encoding"
 # META_LENGTH (the vector length, sent by every site and with the sum) and META_NUM_CONTRIBUTIONS
-# (the number of contributions in a sum) are fedweigh.label_stats' own.
+# (the number of contributions in a sum) are fedweigh.histograms' own.
 
 #: CKKS, each entry split in two slots (B = 2^20) plus one count slot (fedweigh.secure.vectors).
 ENCODING = "ckks-split20-count-v1"
@@ -142,14 +152,3 @@ class SecureExchange(StatisticsExchange):
             META_NUM_CONTRIBUTIONS: len(ciphertexts),
             META_LENGTH: int(length),
         }
-
-
-__all__ = [
-    "ENCODING",
-    "META_CIPHERTEXT",
-    "META_ENCODING",
-    "META_LENGTH",
-    "META_NUM_CONTRIBUTIONS",
-    "ContextProvider",
-    "SecureExchange",
-]

@@ -29,6 +29,16 @@ from scipy.special import log_ndtr, ndtr
 
 from fedweigh.secure.dp_config import STATS_MECHANISMS, StatsDPConfig
 
+__all__ = [
+    "HistogramRelease",
+    "analytic_gaussian_sigma",
+    "classic_gaussian_sigma",
+    "gaussian_delta",
+    "gaussian_sigma",
+    "histogram_sensitivity",
+    "privatize_histogram",
+]
+
 
 def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     """sigma = Delta sqrt(2 ln(1.25 / delta)) / epsilon (Dwork and Roth 2014, Thm. A.1; epsilon in (0, 1))."""
@@ -174,14 +184,3 @@ def privatize_histogram(
         mechanism=config.mechanism,
         task=task,
     )
-
-
-__all__ = [
-    "HistogramRelease",
-    "analytic_gaussian_sigma",
-    "classic_gaussian_sigma",
-    "gaussian_delta",
-    "gaussian_sigma",
-    "histogram_sensitivity",
-    "privatize_histogram",
-]

@@ -29,6 +29,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from fedweigh.secure.dp_config import DP_MODES
 from fedweigh.train import MaskedBCEWithLogitsLoss, default_loss
 
+__all__ = ["FastGradSampler", "PerSampleLoss", "clipped_mean_gradient", "dp_optimizer_class"]
+
 
 class PerSampleLoss(nn.Module):
     """A loss split into per-sample terms l_i, as DP-SGD needs: loss = mean_i l_i (or sum, or the vector).
@@ -356,6 +358,3 @@ def clipped_mean_gradient(
     if mode == "fast":
         sampler.remove()
     return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
-
-
-__all__ = ["FastGradSampler", "PerSampleLoss", "clipped_mean_gradient", "dp_optimizer_class"]

@@ -28,6 +28,8 @@ from fedweigh.io import atomic_write_json
 from fedweigh.secure.dp_config import LOCAL_JOB_ID, StatsDPConfig, job_site_path
 from fedweigh.secure.gaussian import HistogramRelease, privatize_histogram
 
+__all__ = ["STATS_RELEASE_FILE", "HistogramReleaser", "ReleasedHistogram"]
+
 logger = logging.getLogger("fedweigh.secure.stats_release")
 
 #: File that keeps a site's noised label statistics for a job (released once, reused on relaunch).
@@ -52,7 +54,7 @@ class HistogramReleaser:
         site_name: names the site in messages and in the release file.
         job_id: the NVFlare job; nothing is written for :data:`~fedweigh.secure.dp_config.LOCAL_JOB_ID`.
         folder: where the release file is kept (the client's working folder by default).
-        guard: the site policy's epsilon caps (:class:`fedweigh.policy.PrivacyGuard`), asked before
+        guard: the site policy's epsilon caps (:class:`fedweigh.site.policy.PrivacyGuard`), asked before
             the one draw (it raises to refuse it) and told what the release spent.
     """
 
@@ -130,6 +132,3 @@ class HistogramReleaser:
         if self.guard is not None:
             self.guard.record("statistics", release.epsilon)
         return ReleasedHistogram(release.class_counts, release.num_samples, release.epsilon, release.delta)
-
-
-__all__ = ["STATS_RELEASE_FILE", "HistogramReleaser", "ReleasedHistogram"]

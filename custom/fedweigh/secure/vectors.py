@@ -31,6 +31,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+__all__ = [
+    "COUNT_TOLERANCE",
+    "LIMB_BASE",
+    "LO_DECIMALS",
+    "MAX_ABS_VALUE",
+    "check_fresh_ciphertext",
+    "ciphertext_size",
+    "decrypt_vector",
+    "encrypt_vector",
+    "load_ckks_vector",
+    "sum_encrypted",
+]
+
 if TYPE_CHECKING:  # TenSEAL is imported where a ciphertext is made or read: plaintext runs never load it
     import tenseal as ts
 
@@ -159,17 +172,3 @@ def decrypt_vector(
     lo = np.round(slots[:length], LO_DECIMALS)
     hi = np.rint(slots[length : 2 * length])
     return hi * LIMB_BASE + lo
-
-
-__all__ = [
-    "COUNT_TOLERANCE",
-    "LIMB_BASE",
-    "LO_DECIMALS",
-    "MAX_ABS_VALUE",
-    "check_fresh_ciphertext",
-    "ciphertext_size",
-    "decrypt_vector",
-    "encrypt_vector",
-    "load_ckks_vector",
-    "sum_encrypted",
-]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedweigh.weighting.base import ClientReport, HEIncompatibleScheme, WeightingScheme
+from fedweigh.errors import HEIncompatibleScheme
+from fedweigh.weighting.base import ClientReport, WeightingScheme
 from fedweigh.weighting.cbr import CBRWeights, imbalance_cv
 from fedweigh.weighting.dafl import DAFLWeights
 from fedweigh.weighting.fedadp import FedAdpWeights
@@ -21,6 +22,25 @@ from fedweigh.weighting.feddisco import FedDiscoWeights
 from fedweigh.weighting.feddraw import FedDRAWWeights
 from fedweigh.weighting.fednova import FedNovaWeights
 from fedweigh.weighting.ida import IDAWeights
+
+__all__ = [
+    "SCHEMES",
+    "CBRWeights",
+    "ClientReport",
+    "DAFLWeights",
+    "FedAWAWeights",
+    "FedAdpWeights",
+    "FedAvgWeights",
+    "FedDRAWWeights",
+    "FedDiscoWeights",
+    "FedNovaWeights",
+    "FedProxWeights",
+    "HEIncompatibleScheme",
+    "IDAWeights",
+    "WeightingScheme",
+    "get_scheme",
+    "imbalance_cv",
+]
 
 SCHEMES: dict[str, type[WeightingScheme]] = {
     cls.name: cls
@@ -54,23 +74,3 @@ def get_scheme(name: str, **options: Any) -> WeightingScheme:
     except TypeError as exc:
         known = sorted(f.name for f in dataclasses.fields(cls) if f.init)
         raise TypeError(f"{name}: {exc}; options: {', '.join(known)}") from None
-
-
-__all__ = [
-    "SCHEMES",
-    "CBRWeights",
-    "ClientReport",
-    "DAFLWeights",
-    "FedAWAWeights",
-    "FedAdpWeights",
-    "FedAvgWeights",
-    "FedDRAWWeights",
-    "FedDiscoWeights",
-    "FedNovaWeights",
-    "FedProxWeights",
-    "HEIncompatibleScheme",
-    "IDAWeights",
-    "WeightingScheme",
-    "get_scheme",
-    "imbalance_cv",
-]

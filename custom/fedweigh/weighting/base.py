@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from fedweigh.arrays import check_same_layout
+from fedweigh.errors import HEIncompatibleScheme
 
 Params = dict[str, np.ndarray]
 IntegerBufferRule = Literal["weighted", "max"]
@@ -156,10 +157,6 @@ def _first_nonfinite(reports: Sequence[ClientReport], key: str) -> str:
         if not np.all(np.isfinite(rep.params[key])):
             return rep.name
     return "<global parameters>"
-
-
-class HEIncompatibleScheme(ValueError):
-    """A weighting scheme that needs plaintext client models was asked to run under HE."""
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,7 @@
 """Per-round records of a fedweigh run: one row per round, and (given a folder) JSON, CSV, TensorBoard
 events and plots.
 
-The NVFlare controller and the benchmark both record a round's :class:`~fedweigh.rounds.RoundOutcome`
+The NVFlare controller and the benchmark both record a round's :class:`~fedweigh.server.rounds.RoundOutcome`
 with :meth:`RoundRecorder.add_outcome`, so their rows have one format.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from fedweigh.io import atomic_write_text
 from fedweigh.plots import plot_client_weights, plot_metric_by_round
 from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
-from fedweigh.rounds import RoundOutcome
+from fedweigh.server.rounds import RoundOutcome
 
 logger = logging.getLogger("fedweigh.recorder")
 

@@ -3,7 +3,7 @@
 Every path that runs rounds calls :class:`RoundStep`: the NVFlare controller
 (:class:`~fedweigh.flare.controller.FedweighController`), the stock-FedAvg aggregator
 (:class:`~fedweigh.flare.aggregator.FedweighAggregator`), the encrypted path (its backend is
-:class:`fedweigh.secure.updates.EncryptedGlobalModel`) and the in-process benchmark. Per round t:
+:class:`fedweigh.server.encrypted.EncryptedGlobalModel`) and the in-process benchmark. Per round t:
 
 1. validate each site's :class:`ClientResult` (N_k, local steps, the scalars the scheme asked for
    within the scheme's ranges, the parameters or ciphertexts through the backend, and that it is
@@ -14,9 +14,9 @@ Every path that runs rounds calls :class:`RoundStep`: the NVFlare controller
 3. w = scheme.weights(reports, theta_g^{t-1}, t, T), capped at ``max_share`` of the total per site
    (:func:`cap_weights`; by default half the round's weight once three or more sites count);
 4. theta_g^t = backend.aggregate(...) = theta_g^{t-1} + sum_k w_k Delta_k (plaintext or CKKS; a
-   CKKS sum needs a quorum of contributions, :mod:`fedweigh.secure.quorum`);
+   CKKS sum needs a quorum of contributions, :mod:`fedweigh.server.quorum`);
 5. a :class:`RoundOutcome` with the weights, the scheme's values, the excluded and bounded sites
-   and the mean of the sites' metrics, which :class:`fedweigh.records.RoundRecorder` turns into the
+   and the mean of the sites' metrics, which :class:`fedweigh.server.records.RoundRecorder` turns into the
    run's rows.
 
 No single result can fail the round: every check excludes only the site that failed it, with the
@@ -39,13 +39,35 @@ from typing import Any
 import numpy as np
 
 from fedweigh.arrays import Params, to_numpy, to_numpy_dict
-from fedweigh.protocol import META_MIN_SECURE_SUM
-from fedweigh.secure.quorum import ABSOLUTE_MIN, parse_minimum, secure_sum_quorum
-from fedweigh.validation import InvalidClientResult, ResultLimits, check_meta, check_params, finite_metrics
+from fedweigh.errors import InvalidClientResult
+from fedweigh.protocol import META_MIN_SECURE_SUM, ZERO_WEIGHT
+from fedweigh.server.quorum import ABSOLUTE_MIN, parse_minimum, secure_sum_quorum
+from fedweigh.server.validation import ResultLimits, check_meta, check_params, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme
 from fedweigh.weighting.geometry import delta_gram64, delta_norms
 
-logger = logging.getLogger("fedweigh.rounds")
+__all__ = [
+    "AUTO_CAP_MIN_SITES",
+    "DEFAULT_MAX_SHARE",
+    "DEFAULT_UPDATE_NORM_BOUND",
+    "AggregationBackend",
+    "ClientResult",
+    "PlaintextBackend",
+    "RoundOutcome",
+    "RoundStep",
+    "cap_weights",
+    "check_max_share",
+    "check_update_norm_bound",
+    "mean_metrics",
+    "norm_scales",
+    "objecting_sites",
+    "params_digest",
+    "resolve_max_share",
+    "sample_sites",
+    "scheme_values",
+]
+
+logger = logging.getLogger("fedweigh.server.rounds")
 
 #: ``max_share="auto"`` (the default): no site may hold more than this share of a round's weight
 #: once at least :data:`AUTO_CAP_MIN_SITES` sites count (with two, any unequal weighting gives one
@@ -59,8 +81,6 @@ DEFAULT_UPDATE_NORM_BOUND = 3.0
 #: updates is below this, while those agree with each other, is left out (three or more updates,
 #: plaintext; :func:`direction_outliers`).
 DEFAULT_MIN_UPDATE_COSINE = 0.0
-#: A weight below this contributes nothing to an encrypted sum (fedweigh.secure.updates.ZERO_WEIGHT).
-ZERO_WEIGHT = 1e-12
 
 
 def resolve_max_share(max_share: float | str | None, num_sites: int) -> float | None:
@@ -245,7 +265,7 @@ class AggregationBackend(ABC):
     """Where the global model lives and how a round's contributions are summed into it.
 
     :class:`PlaintextBackend` holds theta_g in clear; the CKKS backend
-    (:class:`fedweigh.secure.updates.EncryptedGlobalModel`) holds it as ciphertext.
+    (:class:`fedweigh.server.encrypted.EncryptedGlobalModel`) holds it as ciphertext.
     """
 
     #: True when client updates are encrypted (the scheme then weights from scalars only).
@@ -408,7 +428,7 @@ class RoundStep:
             :data:`DEFAULT_MIN_UPDATE_COSINE`: one that opposes a consensus,
             :func:`direction_outliers`); from three updates on, plaintext only. None: off.
         min_secure_sum: under HE, the fewest updates an encrypted sum may hold (raised by the
-            minimum each contributing site announces; :func:`fedweigh.secure.quorum.secure_sum_quorum`).
+            minimum each contributing site announces; :func:`fedweigh.server.quorum.secure_sum_quorum`).
         log: where warnings about left-out sites go (the controller passes NVFlare's logger).
     """
 
@@ -638,25 +658,3 @@ class RoundStep:
         outcome.weights = {r.name: float(wk) for r, wk in zip(outcome.reports, w, strict=True)}
         outcome.values = values
         return outcome
-
-
-__all__ = [
-    "AUTO_CAP_MIN_SITES",
-    "DEFAULT_MAX_SHARE",
-    "DEFAULT_UPDATE_NORM_BOUND",
-    "AggregationBackend",
-    "ClientResult",
-    "PlaintextBackend",
-    "RoundOutcome",
-    "RoundStep",
-    "cap_weights",
-    "check_max_share",
-    "check_update_norm_bound",
-    "mean_metrics",
-    "norm_scales",
-    "objecting_sites",
-    "params_digest",
-    "resolve_max_share",
-    "sample_sites",
-    "scheme_values",
-]

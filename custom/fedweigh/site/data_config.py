@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedweigh.checks import ConfigError, check_site_values
+from fedweigh.checks import check_site_values
 from fedweigh.data import build_federation, load_pool
 from fedweigh.data.base import LabeledImages, SiteData
+from fedweigh.errors import ConfigError
 from fedweigh.protocol import SITE_CONFIG_ENV, SITE_CONFIG_FILE
 
 

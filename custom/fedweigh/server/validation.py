@@ -15,11 +15,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedweigh.arrays import check_same_layout
+from fedweigh.errors import InvalidClientResult
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_REFUSED, META_SCALARS
 
-
-class InvalidClientResult(ValueError):
-    """A client result the server must skip; the message names the site and the problem."""
+__all__ = [
+    "CheckedMeta",
+    "InvalidClientResult",
+    "ResultLimits",
+    "check_count",
+    "check_meta",
+    "check_params",
+    "check_scalars",
+    "finite_metrics",
+]
 
 
 @dataclass
@@ -150,15 +158,3 @@ def finite_metrics(metrics: object) -> dict[str, float]:
         if math.isfinite(number):
             out[str(key)] = number
     return out
-
-
-__all__ = [
-    "CheckedMeta",
-    "InvalidClientResult",
-    "ResultLimits",
-    "check_count",
-    "check_meta",
-    "check_params",
-    "check_scalars",
-    "finite_metrics",
-]

@@ -52,11 +52,26 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from fedweigh.errors import PolicyRefusal
 from fedweigh.io import atomic_write_json
-from fedweigh.protocol import SITE_POLICY_ENV, SITE_POLICY_FILE
+from fedweigh.protocol import ABSOLUTE_MIN, SITE_POLICY_ENV, SITE_POLICY_FILE
 from fedweigh.secure.contexts import STARTUP_FOLDER, find_site_root, is_provisioned
-from fedweigh.secure.quorum import ABSOLUTE_MIN
 from fedweigh.weighting.base import KNOWN_SCALARS
+
+__all__ = [
+    "LEDGER_FILE",
+    "MECHANISMS",
+    "PERMISSIVE_DEFAULT",
+    "PROVISIONED_DEFAULT",
+    "STATISTICS_MODES",
+    "PolicyRefusal",
+    "PrivacyGuard",
+    "PrivacyLedger",
+    "SitePolicy",
+    "find_policy_file",
+    "ledger_path",
+    "load_site_policy",
+]
 
 #: Statistics exchanges a policy can name.
 STATISTICS_MODES: tuple[str, ...] = ("plain", "secure")
@@ -64,10 +79,6 @@ STATISTICS_MODES: tuple[str, ...] = ("plain", "secure")
 LEDGER_FILE = "fedweigh_privacy_ledger_{site}.json"
 #: What a ledger entry records: DP-SGD on the model updates, and the label-statistics release.
 MECHANISMS: tuple[str, ...] = ("dp_sgd", "statistics")
-
-
-class PolicyRefusal(PermissionError):
-    """A job asks for less than the site's privacy policy allows; the message says what and why."""
 
 
 @dataclass(frozen=True)
@@ -336,19 +347,3 @@ def ledger_path(site_name: str, folder: str | Path = ".") -> Path:
     from fedweigh.secure.dp_config import job_site_path
 
     return job_site_path(LEDGER_FILE, "", site_name, folder)
-
-
-__all__ = [
-    "LEDGER_FILE",
-    "MECHANISMS",
-    "PERMISSIVE_DEFAULT",
-    "PROVISIONED_DEFAULT",
-    "STATISTICS_MODES",
-    "PolicyRefusal",
-    "PrivacyGuard",
-    "PrivacyLedger",
-    "SitePolicy",
-    "find_policy_file",
-    "ledger_path",
-    "load_site_policy",
-]

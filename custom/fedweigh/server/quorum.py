@@ -6,7 +6,7 @@ has a quorum, enforced twice:
 
 - at the server, which sums only when at least ``floor`` contributions remain AND no contributing
   site asked for more contributions than the sum has (each site announces the minimum of its site
-  policy, :class:`fedweigh.policy.SitePolicy`, with its contribution);
+  policy, :class:`fedweigh.site.policy.SitePolicy`, with its contribution);
 - at every site, which decrypts a sum only when the number of contributions the server reports
   (checked against the count slot of the ciphertext where the encoding has one) reaches the minimum
   of its own policy.
@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-#: Never fewer contributions than this in a secure sum, whatever a job or a site says.
-ABSOLUTE_MIN = 2
+from fedweigh.protocol import ABSOLUTE_MIN
+
+__all__ = ["ABSOLUTE_MIN", "Quorum", "parse_minimum", "secure_sum_quorum", "server_floor"]
 
 
 def server_floor(configured: int, federation_size: int) -> int:
@@ -88,6 +89,3 @@ def secure_sum_quorum(minimums: Mapping[str, int], floor: int) -> Quorum:
         "(min_secure_sum and the sites' policies); nothing is summed, so nothing can be decrypted"
     )
     return Quorum(members=[], required=required, reason=reason)
-
-
-__all__ = ["ABSOLUTE_MIN", "Quorum", "parse_minimum", "secure_sum_quorum", "server_floor"]
