@@ -39,6 +39,9 @@ from fedweigh.site.args import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
 CLIENT_SCRIPT = str(Path(__file__).with_name("fedweigh_client.py"))
+#: The class the server's persistor builds the global model with (``FedweighNet(arch=...)`` builds the
+#: architecture's class); a site's allow-list names it (provisioning/resources.json).
+MODEL_CLASS_PATH = "fedweigh.models.base.FedweighNet"
 
 
 class ClientScriptRunner(ScriptRunner):
@@ -101,7 +104,7 @@ class ModelSpec:
         args = asdict(self)
         if args["pretrained"] is None:  # jobs without a checkpoint keep their configuration
             del args["pretrained"]
-        return {"path": "fedweigh.models.FedweighNet", "args": args}
+        return {"path": MODEL_CLASS_PATH, "args": args}
 
 
 def _deprecated(old: str, new: str, where: str) -> None:
