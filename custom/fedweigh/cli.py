@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     scen.set_defaults(func=cmd_scenarios)
 
     from fedweigh.bench.cli import add_bench_parser
-    from fedweigh.explain import add_explain_parser
+    from fedweigh.explain.command import add_explain_parser
 
     add_explain_parser(sub)
     add_bench_parser(sub)
