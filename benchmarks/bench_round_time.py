@@ -71,7 +71,10 @@ def part1(args: argparse.Namespace) -> None:
         feddraw = _job("feddraw", client, rounds=args.rounds, sites=args.clients)("bench_feddraw")
         stock = FedAvgRecipe(
             name="bench_fedavg",
-            model={"class_path": "fedweigh.models.FedweighNet", "args": asdict(ModelSpec(seed=client.seed))},
+            model={
+                "class_path": "fedweigh.models.base.FedweighNet",
+                "args": asdict(ModelSpec(seed=client.seed)),
+            },
             min_clients=args.clients,
             num_rounds=args.rounds,
             train_script=CLIENT_SCRIPT,

@@ -151,7 +151,7 @@ def test_the_aggregator_is_exported_with_its_options(tmp_path):
     )
     recipe = FedAvgRecipe(
         name="stock_feddraw",
-        model={"class_path": "fedweigh.models.FedweighNet", "args": asdict(ModelSpec())},
+        model={"class_path": "fedweigh.models.base.FedweighNet", "args": asdict(ModelSpec())},
         min_clients=2,
         num_rounds=4,
         train_script=CLIENT_SCRIPT,

@@ -1,4 +1,5 @@
-"""Model factory: shapes, stored constructor arguments, norm variants and Opacus compatibility."""
+"""Models by architecture: shapes, the thin class per architecture, stored constructor arguments, norm
+variants and Opacus compatibility."""
 
 from __future__ import annotations
 
@@ -186,3 +187,20 @@ def test_seed_makes_initial_weights_reproducible_without_touching_global_rng() -
     assert not torch.equal(
         a.state_dict()["net.class_layers.out.weight"], c.state_dict()["net.class_layers.out.weight"]
     )
+
+
+@pytest.mark.parametrize("arch", ["densenet_compact", "vit"])
+def test_each_architecture_is_a_thin_class_that_fedweighnet_builds_by_name(arch: str) -> None:
+    import copy
+
+    cls = ARCHITECTURES[arch]
+    assert issubclass(cls, FedweighNet) and cls is not FedweighNet and cls.arch == arch
+    by_name = FedweighNet(arch=arch, num_classes=3, seed=1)
+    direct = cls(num_classes=3, seed=1)
+    assert type(by_name) is cls and type(direct) is cls
+    assert by_name.state_dict().keys() == direct.state_dict().keys()
+    assert all(torch.equal(by_name.state_dict()[k], v) for k, v in direct.state_dict().items())
+    assert type(copy.deepcopy(direct)) is cls  # copies (and pickles) rebuild the architecture's class
+    other = next(a for a in ARCHITECTURES if a != arch)
+    with pytest.raises(ValueError, match=f"this class builds {arch!r}"):
+        cls(arch=other)

@@ -1,4 +1,5 @@
-"""A MONAI Bundle as a site's training (fedweigh.flare.monai_bundle): MonaiAlgo under a fedweigh scheme."""
+"""A MONAI Bundle as a site's training (fedweigh.flare.monai_bundle, its recipe in
+fedweigh.flare.monai_bundle_recipe): MonaiAlgo under a fedweigh scheme."""
 
 from __future__ import annotations
 
@@ -12,13 +13,8 @@ import pytest
 import torch
 
 from fedweigh.errors import BundleError, ConfigError
-from fedweigh.flare.monai_bundle import (
-    BundleSite,
-    MonaiBundleRecipe,
-    bundle_network,
-    label_counts,
-    parse_overrides,
-)
+from fedweigh.flare.monai_bundle import BundleSite, label_counts, parse_overrides
+from fedweigh.flare.monai_bundle_recipe import MonaiBundleRecipe, bundle_network
 from fedweigh.weighting import get_scheme
 from fedweigh.weighting.base import ClientReport
 

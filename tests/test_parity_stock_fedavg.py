@@ -130,7 +130,7 @@ def test_fedavg_weights_match_stock_fedavg_with_sites_of_different_sizes(tmp_pat
 
     stock = FedAvgRecipe(
         name="stock_fedavg",
-        model={"class_path": "fedweigh.models.FedweighNet", "args": asdict(ModelSpec(seed=CLIENT.seed))},
+        model={"class_path": "fedweigh.models.base.FedweighNet", "args": asdict(ModelSpec(seed=CLIENT.seed))},
         min_clients=2,
         num_rounds=ROUNDS,
         train_script=CLIENT_SCRIPT,

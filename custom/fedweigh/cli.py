@@ -16,6 +16,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from fedweigh.io import streamed_log
 from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
 
 DEFAULT_DEMO_JOB = "synthcxr_feddraw"
@@ -116,10 +117,9 @@ def run_simulator_with_progress(
         pass
     print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
     print(f"simulator log: {log_path}", flush=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     since = time.time() - 1.0
     shown = 0
-    with log_path.open("w") as log:
+    with streamed_log(log_path) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         while True:
             rc = proc.poll()
@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     scen.set_defaults(func=cmd_scenarios)
 
     from fedweigh.bench.cli import add_bench_parser
-    from fedweigh.explain import add_explain_parser
+    from fedweigh.explain.command import add_explain_parser
 
     add_explain_parser(sub)
     add_bench_parser(sub)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedweigh.io import write_figure
+
 
 def _pyplot():
     import matplotlib
@@ -66,11 +68,9 @@ def plot_client_weights(
     ax.set_xlim(min(rounds), max(rounds)) if len(rounds) > 1 else None
     ax.set_title(title or "client weights by round")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    out = write_figure(path, fig, dpi=110)
     plt.close(fig)
-    return path
+    return out
 
 
 def plot_metric_by_round(
@@ -94,11 +94,9 @@ def plot_metric_by_round(
     ax.legend()
     ax.set_title(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    out = write_figure(path, fig, dpi=110)
     plt.close(fig)
-    return path
+    return out
 
 
 def _site_key(name: str):

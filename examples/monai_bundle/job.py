@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedweigh.flare.monai_bundle import MonaiBundleRecipe
+from fedweigh.flare.monai_bundle_recipe import MonaiBundleRecipe
 
 HERE = Path(__file__).resolve().parent
 

@@ -241,6 +241,73 @@ def _final_auc(record: dict) -> float:
     return float(rows[-1]["test_auc"]) if rows and rows[-1]["round"] == record["rounds"] else float("nan")
 
 
+def _plateau_fractions(methods: Sequence[str], by_cell: dict, tol: float) -> dict[str, float | None]:
+    """Per method: the fraction of its cells whose test AUC reached its plateau (:func:`plateau_reached`
+    with tolerance ``tol``); None when no cell of the method has the rounds to tell."""
+    plateau: dict[str, float | None] = {}
+    for m in methods:
+        reached = [
+            plateau_reached(
+                [(r["round"], r.get("test_auc")) for r in rec["rows"] if r.get("test_auc") is not None],
+                int(rec["rounds"]),
+                tol,
+            )
+            for (_, method, _), rec in by_cell.items()
+            if method == m
+        ]
+        defined = [x for x in reached if x is not None]
+        plateau[m] = float(np.mean(defined)) if defined else None
+    return plateau
+
+
+def _score_cells(
+    by_cell: dict, cells_dir: Path, n_resamples: int, bootstrap_seed: int, with_bootstrap: bool, jobs: int
+) -> tuple[dict[tuple[str, str, int], float], dict[tuple[str, str, int], tuple[float, np.ndarray]]]:
+    """(GM at 0.5 per cell, bootstrap of the test AUC per cell) from the stored test predictions, in
+    ``jobs`` processes; ValueError when two methods' cells of one scenario and seed have different
+    test labels."""
+    gm_05: dict[tuple[str, str, int], float] = {}
+    cached: dict[tuple[str, str, int], tuple[float, np.ndarray]] = {}
+    test_labels: dict[tuple[str, int], np.ndarray] = {}
+    keys = list(by_cell)
+    tasks = [(cells_dir, by_cell[k]["key"], k[2], n_resamples, bootstrap_seed, with_bootstrap) for k in keys]
+    if jobs > 1 and len(tasks) > 1:  # cells are independent: score them in parallel (numpy only)
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")
+        ) as pool:
+            scored = list(pool.map(_cell_statistics, *zip(*tasks, strict=True), chunksize=4))
+    else:
+        scored = [_cell_statistics(*t) for t in tasks]
+    for key, result in zip(keys, scored, strict=True):
+        if result is None:
+            continue
+        labels, gm_05[key], boot = result
+        shared = test_labels.setdefault((key[0], key[2]), labels)
+        if not np.array_equal(shared, labels, equal_nan=True):
+            raise ValueError(
+                f"cell {by_cell[key]['key']}: its test labels differ from another method's of the same seed"
+            )
+        if boot is not None:
+            cached[key] = boot
+    return gm_05, cached
+
+
+def _effects(
+    methods: Sequence[str], scenarios: Sequence[str], seeds: Sequence[int], cached: dict
+) -> dict[str, dict[str, Effect | None]]:
+    """Per method but FedAvg and per scenario: the paired effect over the seeds both have scored."""
+    effects: dict[str, dict[str, Effect | None]] = {}
+    for m in methods:
+        if m == REFERENCE_METHOD:
+            continue
+        effects[m] = {}
+        for sc in scenarios:
+            pairs = [(cached.get((sc, m, int(s))), cached.get((sc, REFERENCE_METHOD, int(s)))) for s in seeds]
+            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+            effects[m][sc] = paired_effect([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+    return effects
+
+
 def against_fedavg(
     methods: Sequence[str],
     scenarios: Sequence[str],
@@ -264,61 +331,17 @@ def against_fedavg(
     if floor is None:
         notes["noise_floor_auc"] = "needs at least two seeds"
     tol = floor if floor is not None else PLATEAU_TOL_AUC
-    plateau: dict[str, float | None] = {}
-    for m in methods:
-        reached = [
-            plateau_reached(
-                [(r["round"], r.get("test_auc")) for r in rec["rows"] if r.get("test_auc") is not None],
-                int(rec["rounds"]),
-                tol,
-            )
-            for (_, method, _), rec in by_cell.items()
-            if method == m
-        ]
-        defined = [x for x in reached if x is not None]
-        plateau[m] = float(np.mean(defined)) if defined else None
+    plateau = _plateau_fractions(methods, by_cell, tol)
     if any(v is None for v in plateau.values()):
         notes["plateau_reached"] = (
             "null for a method none of whose cells has a scored round after round 0 and at or before 2T/3"
         )
-    gm_05: dict[tuple[str, str, int], float] = {}
-    cached: dict[tuple[str, str, int], tuple[float, np.ndarray]] = {}
-    test_labels: dict[tuple[str, int], np.ndarray] = {}
-    keys = list(by_cell)
-    tasks = [
-        (cells_dir, by_cell[k]["key"], k[2], n_resamples, bootstrap_seed, REFERENCE_METHOD in methods)
-        for k in keys
-    ]
-    if jobs > 1 and len(tasks) > 1:  # cells are independent: score them in parallel (numpy only)
-        with ProcessPoolExecutor(
-            max_workers=min(jobs, len(tasks)), mp_context=mp.get_context("spawn")
-        ) as pool:
-            scored = list(pool.map(_cell_statistics, *zip(*tasks, strict=True), chunksize=4))
-    else:
-        scored = [_cell_statistics(*t) for t in tasks]
-    for key, result in zip(keys, scored, strict=True):
-        if result is None:
-            continue
-        labels, gm_05[key], boot = result
-        shared = test_labels.setdefault((key[0], key[2]), labels)
-        if not np.array_equal(shared, labels, equal_nan=True):
-            raise ValueError(
-                f"cell {by_cell[key]['key']}: its test labels differ from another method's of the same seed"
-            )
-        if boot is not None:
-            cached[key] = boot
-    if REFERENCE_METHOD not in methods:
+    with_bootstrap = REFERENCE_METHOD in methods
+    gm_05, cached = _score_cells(by_cell, cells_dir, n_resamples, bootstrap_seed, with_bootstrap, jobs)
+    if not with_bootstrap:
         notes["effect_vs_fedavg"] = notes["wilcoxon_holm_p_auc"] = "FedAvg is not among the run's methods"
         return AgainstFedAvg(None, None, floor, plateau, tol, gm_05, notes)
-    effects: dict[str, dict[str, Effect | None]] = {}
-    for m in methods:
-        if m == REFERENCE_METHOD:
-            continue
-        effects[m] = {}
-        for sc in scenarios:
-            pairs = [(cached.get((sc, m, int(s))), cached.get((sc, REFERENCE_METHOD, int(s)))) for s in seeds]
-            pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-            effects[m][sc] = paired_effect([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+    effects = _effects(methods, scenarios, seeds, cached)
     raw = {
         m: wilcoxon_p([e.mean if e is not None else np.nan for e in effects[m].values()])
         for m in effects

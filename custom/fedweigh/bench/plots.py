@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from fedweigh.bench.stats import Comparison
+from fedweigh.io import write_figure
 
 
 def _pyplot():
@@ -22,12 +23,10 @@ def _pyplot():
 
 
 def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    out = write_figure(path, fig, dpi=110)
     _pyplot().close(fig)
-    return path
+    return out
 
 
 def plot_cd_diagram(comparison: Comparison, path: str | Path, title: str) -> Path:

@@ -21,6 +21,7 @@ import fedweigh.bench.plots as bp
 from fedweigh.bench.cells import CELLS_DIR, load_cell_scores
 from fedweigh.bench.effects import N_RESAMPLES, REFERENCE_METHOD, AgainstFedAvg, against_fedavg
 from fedweigh.bench.stats import Comparison, compare
+from fedweigh.io import atomic_write_json, atomic_write_text
 from fedweigh.methods import REFERENCE_METHODS, parse_method
 from fedweigh.plots import plot_client_weights
 
@@ -195,6 +196,89 @@ def build_summary(
 
 
 # -------------------------------------------------------------------------------------------- plots
+def _weights_plots(config, scenario: str, by_cell: dict, plots: Path) -> list[Path]:
+    """The client weights by round of each federated method on ``scenario`` (first seed)."""
+    written: list[Path] = []
+    first_seed = config.seeds[0]
+    for method in config.methods:
+        rec = by_cell[(scenario, method, first_seed)]
+        weighted = [r for r in rec["rows"] if r.get("weights")]
+        if parse_method(method).kind == "federated" and weighted:
+            safe = method.replace(":", "_").replace(",", "_").replace("/", "_")
+            written.append(
+                plot_client_weights(
+                    [r["round"] for r in weighted],
+                    [r["weights"] for r in weighted],
+                    plots / "weights" / scenario / f"{safe}.png",
+                    title=f"{scenario} / {method} (seed {first_seed}): client weights",
+                )
+            )
+    return written
+
+
+def _score_curves(config, scenario: str, by_cell: dict, out: Path, thresholds: np.ndarray) -> dict:
+    """From the stored test scores of ``scenario``'s cells, per method: the macro ROC (grid, mean TPR
+    over seeds and models), the mean net benefit and, multi-class, the summed confusion matrix; with
+    the net benefit of treating all and the class names."""
+    roc, dca, conf, treat_all, class_names = {}, {}, {}, None, None
+    for method in config.methods:
+        tprs, nbs, mats = [], [], []
+        for seed in config.seeds:
+            rec = by_cell[(scenario, method, int(seed))]
+            task, class_names = rec["task"], rec["class_names"]
+            loaded = load_cell_scores(out / CELLS_DIR, rec["key"])
+            if loaded is None:
+                continue
+            scores, labels = loaded
+            for s in scores:  # one model (federated, centralized) or one per site (local)
+                grid, tpr = curves.macro_roc(labels, s)
+                tprs.append(tpr)
+                nb = curves.net_benefit(labels, s, thresholds)
+                nbs.append(nb["model"])
+                treat_all = nb["treat_all"]
+                if task == "multiclass":
+                    mats.append(curves.confusion(labels, s))
+        if tprs:
+            roc[method] = (grid, np.mean(tprs, axis=0))
+            dca[method] = np.mean(nbs, axis=0)
+        if mats:
+            conf[method] = np.sum(mats, axis=0)
+    return {"roc": roc, "dca": dca, "confusion": conf, "treat_all": treat_all, "class_names": class_names}
+
+
+def _curve_plots(
+    scenario: str, found: dict, final_auc: pd.DataFrame, thresholds: np.ndarray, plots: Path
+) -> list[Path]:
+    """ROC and decision curves of ``scenario`` and, multi-class, its confusion matrices."""
+    written: list[Path] = []
+    if found["roc"]:
+        auc = {m: float(final_auc.loc[scenario, m]) for m in found["roc"]}
+        written.append(
+            bp.plot_roc(
+                found["roc"], plots / "roc" / f"{scenario}.png", f"{scenario}: macro ROC, final models", auc
+            )
+        )
+        written.append(
+            bp.plot_decision_curves(
+                thresholds,
+                found["dca"],
+                found["treat_all"],
+                plots / "dca" / f"{scenario}.png",
+                f"{scenario}: decision curves",
+            )
+        )
+    if found["confusion"]:
+        written.append(
+            bp.plot_confusion_matrices(
+                found["confusion"],
+                found["class_names"] or [],
+                plots / "confusion" / f"{scenario}.png",
+                f"{scenario}: confusion (row-normalised)",
+            )
+        )
+    return written
+
+
 def write_plots(
     config, records: Sequence[dict], results: pd.DataFrame, comparisons: dict, out: Path
 ) -> list[Path]:
@@ -209,72 +293,13 @@ def write_plots(
     by_cell = {(r["scenario"], r["method"], int(r["seed"])): r for r in records}
     thresholds = np.round(np.arange(0.01, 1.0, 0.01), 2)
     final_auc = final_table(results, "auc", config.methods, config.scenarios)
-    first_seed = config.seeds[0]
     for scenario in config.scenarios:
         written.append(
             bp.plot_auc_by_round(results, scenario, plots / "auc_by_round" / f"{scenario}.png", references)
         )
-        for method in config.methods:
-            rec = by_cell[(scenario, method, first_seed)]
-            weighted = [r for r in rec["rows"] if r.get("weights")]
-            if parse_method(method).kind == "federated" and weighted:
-                safe = method.replace(":", "_").replace(",", "_").replace("/", "_")
-                written.append(
-                    plot_client_weights(
-                        [r["round"] for r in weighted],
-                        [r["weights"] for r in weighted],
-                        plots / "weights" / scenario / f"{safe}.png",
-                        title=f"{scenario} / {method} (seed {first_seed}): client weights",
-                    )
-                )
-        roc, dca, conf, treat_all, task, class_names = {}, {}, {}, None, None, None
-        for method in config.methods:
-            tprs, nbs, mats = [], [], []
-            for seed in config.seeds:
-                rec = by_cell[(scenario, method, int(seed))]
-                task, class_names = rec["task"], rec["class_names"]
-                loaded = load_cell_scores(out / CELLS_DIR, rec["key"])
-                if loaded is None:
-                    continue
-                scores, labels = loaded
-                for s in scores:  # one model (federated, centralized) or one per site (local)
-                    grid, tpr = curves.macro_roc(labels, s)
-                    tprs.append(tpr)
-                    nb = curves.net_benefit(labels, s, thresholds)
-                    nbs.append(nb["model"])
-                    treat_all = nb["treat_all"]
-                    if task == "multiclass":
-                        mats.append(curves.confusion(labels, s))
-            if tprs:
-                roc[method] = (grid, np.mean(tprs, axis=0))
-                dca[method] = np.mean(nbs, axis=0)
-            if mats:
-                conf[method] = np.sum(mats, axis=0)
-        if roc:
-            auc = {m: float(final_auc.loc[scenario, m]) for m in roc}
-            written.append(
-                bp.plot_roc(
-                    roc, plots / "roc" / f"{scenario}.png", f"{scenario}: macro ROC, final models", auc
-                )
-            )
-            written.append(
-                bp.plot_decision_curves(
-                    thresholds,
-                    dca,
-                    treat_all,
-                    plots / "dca" / f"{scenario}.png",
-                    f"{scenario}: decision curves",
-                )
-            )
-        if conf:
-            written.append(
-                bp.plot_confusion_matrices(
-                    conf,
-                    class_names or [],
-                    plots / "confusion" / f"{scenario}.png",
-                    f"{scenario}: confusion (row-normalised)",
-                )
-            )
+        written += _weights_plots(config, scenario, by_cell, plots)
+        found = _score_curves(config, scenario, by_cell, out, thresholds)
+        written += _curve_plots(scenario, found, final_auc, thresholds, plots)
     return written
 
 
@@ -419,21 +444,12 @@ def effect_tables(summary: dict) -> list[str]:
     return lines
 
 
-def write_report(
-    config,
-    records: Sequence[dict],
-    results: pd.DataFrame,
-    summary: dict,
-    comparisons: dict,
-    plots: list[Path],
-    out: Path,
-) -> Path:
-    """report.md: settings, the headline, per-method and per-scenario tables, tests, and the figures."""
+def _settings_lines(config, records: Sequence[dict], summary: dict, task: str) -> list[str]:
+    """report.md's title and settings: scenarios, methods, seeds, local training, thresholds, wall time."""
     methods, scenarios = list(config.methods), list(config.scenarios)
-    task = records[0]["task"] if records else "multilabel"
     c = config.client
     cell_seconds = [float(r.get("seconds", 0.0)) for r in records]
-    lines = [
+    return [
         f"# fedweigh bench: {config.dataset}, profile {config.profile}",
         "",
         f"- scenarios ({len(scenarios)}): {', '.join(scenarios)}",
@@ -458,9 +474,12 @@ def write_report(
         "Scores are test metrics of the final global model (round T), averaged over seeds; `local` is the "
         "mean over sites of each site's own model. Ranks and tests cover the federated methods.",
         "",
-        "## Headline",
-        "",
     ]
+
+
+def _headline_lines(methods: Sequence[str], summary: dict, comparisons: dict) -> list[str]:
+    """report.md's headline: the best average AUC rank, the Friedman tests, the gap to centralized."""
+    lines = ["## Headline", ""]
     ranked = [m for m in methods if m in summary["avg_rank_auc"]]
     if ranked:
         best = min(ranked, key=lambda m: summary["avg_rank_auc"][m])
@@ -483,7 +502,14 @@ def write_report(
             f"- best federated mean AUC: {best_fed} {fed_means[best_fed]:.4f}; centralized {central:.4f} "
             f"(gap {central - fed_means[best_fed]:+.4f})"
         )
-    lines += ["", "## Per method (mean over scenarios and seeds, final round)", ""]
+    return lines
+
+
+def _score_table_lines(
+    results: pd.DataFrame, summary: dict, methods: Sequence[str], scenarios: Sequence[str], task: str
+) -> list[str]:
+    """report.md's per-method table (every test metric, GM at 0.5, ranks) and the per-scenario AUC and GM."""
+    lines = ["## Per method (mean over scenarios and seeds, final round)", ""]
     metrics = ["auc", "gm", "precision", "recall", "f1", "specificity"]
     if task == "multiclass":
         metrics += ["accuracy", "balanced_accuracy"]
@@ -508,6 +534,69 @@ def write_report(
             _scenario_table(final_table(results, metric, methods, scenarios)),
             "",
         ]
+    return lines
+
+
+def _nemenyi_lines(comparisons: dict) -> list[str]:
+    """report.md's Nemenyi p-value matrices (AUC, GM) where the comparison has them."""
+    lines: list[str] = []
+    for metric in ("auc", "gm"):
+        comp = comparisons[metric]
+        if comp.pvalues is None:
+            continue
+        lines += [f"## Nemenyi p-values, {metric.upper()}", ""]
+        names = list(comp.pvalues.columns)
+        lines += [markdown_table(["", *names], [[n, *comp.pvalues.loc[n].tolist()] for n in names]), ""]
+    return lines
+
+
+def _figure_lines(plots: list[Path], out: Path) -> list[str]:
+    """report.md's figures: the headline ones shown, the others linked."""
+    if not plots:
+        return []
+    lines = ["## Figures", ""]
+    for path in plots:
+        rel = path.relative_to(out).as_posix()
+        if rel.startswith((f"{PLOTS_DIR}/cd_", f"{PLOTS_DIR}/auc_by_round/", f"{PLOTS_DIR}/{EFFECTS_PNG}")):
+            lines.append(f"![{rel}]({rel})")
+        else:
+            lines.append(f"- [{rel}]({rel})")
+    lines.append("")
+    return lines
+
+
+def _note_lines(config, summary: dict, comparisons: dict, task: str) -> list[str]:
+    """report.md's notes: why a statistic is missing, what the run could not compute, the references."""
+    notes = [comparisons[m].note for m in ("auc", "gm") if comparisons[m].note]
+    notes += [f"{key} is null: {why}" for key, why in summary["stats_notes"].items()]
+    if config.threshold != "youden" and task == "multilabel":
+        notes.append(
+            "GM at Youden thresholds is not available for this run: the thresholds come from validation "
+            "predictions, which the cells do not store (run with --threshold youden)"
+        )
+    refs = [m for m in config.methods if m in REFERENCE_METHODS]
+    if refs:
+        notes.append(f"references {', '.join(refs)} are not ranked")
+    if not notes:
+        return []
+    return ["## Notes", "", *[f"- {n}" for n in dict.fromkeys(notes)], ""]
+
+
+def write_report(
+    config,
+    records: Sequence[dict],
+    results: pd.DataFrame,
+    summary: dict,
+    comparisons: dict,
+    plots: list[Path],
+    out: Path,
+) -> Path:
+    """report.md: settings, the headline, per-method and per-scenario tables, tests, and the figures."""
+    methods, scenarios = list(config.methods), list(config.scenarios)
+    task = records[0]["task"] if records else "multilabel"
+    lines = _settings_lines(config, records, summary, task)
+    lines += _headline_lines(methods, summary, comparisons)
+    lines += ["", *_score_table_lines(results, summary, methods, scenarios, task)]
     lines += effect_tables(summary)
     if summary["effect_vs_fedavg"] and len(config.seeds) > 1:
         lines += [
@@ -519,39 +608,10 @@ def write_report(
             seeds_above_table(results, methods, scenarios),
             "",
         ]
-    for metric in ("auc", "gm"):
-        comp = comparisons[metric]
-        if comp.pvalues is None:
-            continue
-        lines += [f"## Nemenyi p-values, {metric.upper()}", ""]
-        names = list(comp.pvalues.columns)
-        lines += [markdown_table(["", *names], [[n, *comp.pvalues.loc[n].tolist()] for n in names]), ""]
-    if plots:
-        lines += ["## Figures", ""]
-        for path in plots:
-            rel = path.relative_to(out).as_posix()
-            if rel.startswith(
-                (f"{PLOTS_DIR}/cd_", f"{PLOTS_DIR}/auc_by_round/", f"{PLOTS_DIR}/{EFFECTS_PNG}")
-            ):
-                lines.append(f"![{rel}]({rel})")
-            else:
-                lines.append(f"- [{rel}]({rel})")
-        lines.append("")
-    notes = [comparisons[m].note for m in ("auc", "gm") if comparisons[m].note]
-    notes += [f"{key} is null: {why}" for key, why in summary["stats_notes"].items()]
-    if config.threshold != "youden" and task == "multilabel":
-        notes.append(
-            "GM at Youden thresholds is not available for this run: the thresholds come from validation "
-            "predictions, which the cells do not store (run with --threshold youden)"
-        )
-    refs = [m for m in methods if m in REFERENCE_METHODS]
-    if refs:
-        notes.append(f"references {', '.join(refs)} are not ranked")
-    if notes:
-        lines += ["## Notes", "", *[f"- {n}" for n in dict.fromkeys(notes)], ""]
-    path = out / REPORT_MD
-    path.write_text("\n".join(lines))
-    return path
+    lines += _nemenyi_lines(comparisons)
+    lines += _figure_lines(plots, out)
+    lines += _note_lines(config, summary, comparisons, task)
+    return atomic_write_text(out / REPORT_MD, "\n".join(lines), private=False)
 
 
 def write_outputs(
@@ -570,14 +630,14 @@ def write_outputs(
     """
     out = Path(out)
     results = results_frame(records)
-    results.to_csv(out / RESULTS_CSV, index=False)
+    atomic_write_text(out / RESULTS_CSV, results.to_csv(index=False), private=False)
     comparisons = compare_methods(config, results)
     against = against_fedavg(
         config.methods, config.scenarios, config.seeds, records, out / CELLS_DIR, n_resamples, jobs=jobs
     )
     plots = write_plots(config, records, results, comparisons, out)
     summary = build_summary(config, results, comparisons, time.perf_counter() - start, against, n_resamples)
-    (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=1))
+    atomic_write_json(out / SUMMARY_JSON, summary, private=False, indent=1)
     if summary["effect_vs_fedavg"]:
         title = f"{config.dataset}: effects against FedAvg on test AUC"
         plots.insert(0, bp.plot_effects(summary, out / PLOTS_DIR / EFFECTS_PNG, title))

@@ -109,24 +109,8 @@ def _check_labels(raw: np.ndarray, task: Task, where: str) -> np.ndarray:
     return raw.astype(np.float32)
 
 
-def load_medmnist_npz(
-    path: str | Path,
-    size: int | None = None,
-    task: Task | None = None,
-    class_names: tuple[str, ...] | None = None,
-) -> dict[str, LabeledImages]:
-    """Read a MedMNIST / MedMNIST+ ``.npz`` into {"train", "val", "test"} LabeledImages.
-
-    Images become grey float32 (N, 1, H, W) = uint8 / 255 (colour sets: BT.601 luma), optionally
-    resized to ``size`` x ``size``. ``task`` is inferred from the label shape unless given: (N, C > 1)
-    is multi-label (ChestMNIST), (N,) / (N, 1) multi-class. ``class_names`` defaults to the 14
-    ChestMNIST findings for 14-column multi-label files, else "0", "1", ... (multi-class, one per
-    class up to the largest label in any split) or "finding_0", ... (multi-label).
-
-    Raises FileNotFoundError for a missing file and DatasetFormatError (a ValueError) naming the file
-    and the problem for anything that is not a MedMNIST-layout archive.
-    """
-    path = Path(path)
+def _read_archive(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(images, labels) per split of the MedMNIST archive ``path``, read without pickle."""
     if not path.is_file():
         raise FileNotFoundError(f"MedMNIST file not found: {path}")
     try:
@@ -150,7 +134,47 @@ def load_medmnist_npz(
             raw_images = {s: archive[f"{s}_images"] for s in SPLITS}
         except ValueError as exc:  # object arrays need pickle, which we refuse
             raise DatasetFormatError(f"{path}: cannot read arrays ({exc})") from exc
+    return raw_images, raw_labels
 
+
+def _class_names(
+    path: Path, labels: dict[str, np.ndarray], task: Task, class_names: tuple[str, ...] | None
+) -> tuple[str, ...]:
+    """``class_names``, or the default names (module docstring), checked against the number of classes."""
+    if task == "multilabel":
+        num_classes = labels["train"].shape[1]
+        if num_classes == len(CHEST_FINDINGS):
+            default = CHEST_FINDINGS
+        else:
+            default = tuple(f"finding_{i}" for i in range(num_classes))
+    else:
+        num_classes = 1 + max((int(labels[s].max()) for s in SPLITS if labels[s].size), default=0)
+        default = tuple(str(i) for i in range(num_classes))
+    names = tuple(class_names) if class_names is not None else default
+    if len(names) != num_classes:
+        raise ValueError(f"{path}: {len(names)} class names given for {num_classes} classes")
+    return names
+
+
+def load_medmnist_npz(
+    path: str | Path,
+    size: int | None = None,
+    task: Task | None = None,
+    class_names: tuple[str, ...] | None = None,
+) -> dict[str, LabeledImages]:
+    """Read a MedMNIST / MedMNIST+ ``.npz`` into {"train", "val", "test"} LabeledImages.
+
+    Images become grey float32 (N, 1, H, W) = uint8 / 255 (colour sets: BT.601 luma), optionally
+    resized to ``size`` x ``size``. ``task`` is inferred from the label shape unless given: (N, C > 1)
+    is multi-label (ChestMNIST), (N,) / (N, 1) multi-class. ``class_names`` defaults to the 14
+    ChestMNIST findings for 14-column multi-label files, else "0", "1", ... (multi-class, one per
+    class up to the largest label in any split) or "finding_0", ... (multi-label).
+
+    Raises FileNotFoundError for a missing file and DatasetFormatError (a ValueError) naming the file
+    and the problem for anything that is not a MedMNIST-layout archive.
+    """
+    path = Path(path)
+    raw_images, raw_labels = _read_archive(path)
     for s in SPLITS:
         if raw_images[s].shape[0] != raw_labels[s].shape[0]:
             raise DatasetFormatError(
@@ -166,19 +190,7 @@ def load_medmnist_npz(
     if len(widths) > 1:
         raise DatasetFormatError(f"{path}: splits disagree on the number of label columns: {sorted(widths)}")
 
-    if task == "multilabel":
-        num_classes = labels["train"].shape[1]
-        if num_classes == len(CHEST_FINDINGS):
-            default = CHEST_FINDINGS
-        else:
-            default = tuple(f"finding_{i}" for i in range(num_classes))
-    else:
-        num_classes = 1 + max((int(labels[s].max()) for s in SPLITS if labels[s].size), default=0)
-        default = tuple(str(i) for i in range(num_classes))
-    names = tuple(class_names) if class_names is not None else default
-    if len(names) != num_classes:
-        raise ValueError(f"{path}: {len(names)} class names given for {num_classes} classes")
-
+    names = _class_names(path, labels, task, class_names)
     formats = {s: _check_images(raw_images[s], f"{path} [{s}_images]") for s in SPLITS}
     shapes = {raw_images[s].shape[1:] for s in SPLITS}
     if len(shapes) > 1:

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from fedweigh.data.base import LabeledImages
 from fedweigh.data.transforms import load_image_files
 from fedweigh.errors import DatasetFormatError
+
+if TYPE_CHECKING:  # pandas is imported where used
+    import pandas as pd
 
 #: The 14 label columns of the CheXpert csv files, in file order.
 CHEXPERT_LABELS: tuple[str, ...] = (
@@ -103,6 +106,72 @@ def resolve_image_path(csv_dir: Path, root: Path, rel: str) -> tuple[Path | None
     return None, seen
 
 
+def _selected_rows(
+    csv: Path, findings: tuple[str, ...], frontal_only: bool, max_images: int | None
+) -> pd.DataFrame:
+    """The rows of ``csv`` to read (frontal only, the first ``max_images``), each with its file line in
+    ``_line``; DatasetFormatError for an unreadable csv, missing columns or no row left."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(csv)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise DatasetFormatError(f"{csv}: not a readable csv ({exc})") from exc
+    needed = ["Path", *findings, *(["Frontal/Lateral"] if frontal_only else [])]
+    missing = [c for c in needed if c not in frame.columns]
+    if missing:
+        raise DatasetFormatError(f"{csv}: missing columns {missing} (found {list(frame.columns)})")
+
+    frame = frame.reset_index(drop=True)
+    frame["_line"] = np.arange(len(frame)) + 2  # line in the file, counting the header as line 1
+    if frontal_only:
+        frame = frame[frame["Frontal/Lateral"].astype(str).str.strip().str.lower() == "frontal"]
+    if max_images is not None:
+        frame = frame.iloc[:max_images]
+    if frame.empty:
+        raise DatasetFormatError(f"{csv}: no rows left to read (frontal_only={frontal_only})")
+    return frame
+
+
+def _label_matrix(
+    csv: Path, frame: pd.DataFrame, findings: tuple[str, ...], uncertainty: Uncertainty
+) -> np.ndarray:
+    """The (N, F) labels of ``findings``: blank -> 0, -1 -> the ``uncertainty`` value; DatasetFormatError
+    naming the csv line of a value that is not 1, 0, -1 or blank."""
+    import pandas as pd
+
+    labels = np.empty((len(frame), len(findings)), dtype=np.float32)
+    for j, col in enumerate(findings):
+        values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=np.float64)
+        bad = ~(np.isnan(values) | np.isin(values, (1.0, 0.0, -1.0)))
+        bad |= np.isnan(values) & frame[col].notna().to_numpy()  # text that is not a number
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            shown = frame[col].iloc[i]
+            shown = shown.item() if isinstance(shown, np.generic) else shown
+            raise DatasetFormatError(
+                f"{csv} line {int(frame['_line'].iloc[i])}: column {col!r} has {shown!r}; "
+                "expected 1, 0, -1 or blank"
+            )
+        values = np.where(np.isnan(values), 0.0, values)
+        labels[:, j] = np.where(values == -1.0, _UNCERTAIN_VALUE[uncertainty], values)
+    return labels
+
+
+def _image_paths(csv: Path, root: Path, frame: pd.DataFrame) -> list[Path]:
+    """The image file of every row (:func:`resolve_image_path`); DatasetFormatError naming the line of a
+    missing one."""
+    paths: list[Path] = []
+    for rel, line in zip(frame["Path"].astype(str), frame["_line"], strict=True):
+        path, tried = resolve_image_path(csv.parent, root, rel)
+        if path is None:
+            raise DatasetFormatError(
+                f"{csv} line {int(line)}: image {rel!r} not found (tried {', '.join(map(str, tried))})"
+            )
+        paths.append(path)
+    return paths
+
+
 def load_chexpert(
     root: str | Path,
     split: Literal["train", "valid"] = "train",
@@ -125,7 +194,6 @@ def load_chexpert(
     Raises FileNotFoundError (folder / csv), DatasetFormatError naming the csv and the missing columns,
     the bad value, or the image path and csv line that could not be read.
     """
-    import pandas as pd
 
     if split not in ("train", "valid"):
         raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
@@ -138,48 +206,9 @@ def load_chexpert(
         raise ValueError("findings must name at least one label column")
     root = Path(root)
     csv = find_chexpert_csv(root, split)
-    try:
-        frame = pd.read_csv(csv)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise DatasetFormatError(f"{csv}: not a readable csv ({exc})") from exc
-    needed = ["Path", *findings, *(["Frontal/Lateral"] if frontal_only else [])]
-    missing = [c for c in needed if c not in frame.columns]
-    if missing:
-        raise DatasetFormatError(f"{csv}: missing columns {missing} (found {list(frame.columns)})")
-
-    frame = frame.reset_index(drop=True)
-    frame["_line"] = np.arange(len(frame)) + 2  # line in the file, counting the header as line 1
-    if frontal_only:
-        frame = frame[frame["Frontal/Lateral"].astype(str).str.strip().str.lower() == "frontal"]
-    if max_images is not None:
-        frame = frame.iloc[:max_images]
-    if frame.empty:
-        raise DatasetFormatError(f"{csv}: no rows left to read (frontal_only={frontal_only})")
-
-    labels = np.empty((len(frame), len(findings)), dtype=np.float32)
-    for j, col in enumerate(findings):
-        values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=np.float64)
-        bad = ~(np.isnan(values) | np.isin(values, (1.0, 0.0, -1.0)))
-        bad |= np.isnan(values) & frame[col].notna().to_numpy()  # text that is not a number
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            shown = frame[col].iloc[i]
-            shown = shown.item() if isinstance(shown, np.generic) else shown
-            raise DatasetFormatError(
-                f"{csv} line {int(frame['_line'].iloc[i])}: column {col!r} has {shown!r}; "
-                "expected 1, 0, -1 or blank"
-            )
-        values = np.where(np.isnan(values), 0.0, values)
-        labels[:, j] = np.where(values == -1.0, _UNCERTAIN_VALUE[uncertainty], values)
-
-    paths: list[Path] = []
-    for rel, line in zip(frame["Path"].astype(str), frame["_line"], strict=True):
-        path, tried = resolve_image_path(csv.parent, root, rel)
-        if path is None:
-            raise DatasetFormatError(
-                f"{csv} line {int(line)}: image {rel!r} not found (tried {', '.join(map(str, tried))})"
-            )
-        paths.append(path)
+    frame = _selected_rows(csv, findings, frontal_only, max_images)
+    labels = _label_matrix(csv, frame, findings, uncertainty)
+    paths = _image_paths(csv, root, frame)
     try:
         images = load_image_files(paths, size, intensity="uint8", workers=workers)
     except OSError as exc:  # names the file; add its csv line

@@ -122,6 +122,71 @@ def _decode_all(paths: list[Path], size: int, workers: int) -> np.ndarray:
         raise FolderFormatError(f"MONAI could not read an image: {e}") from e
 
 
+def _image_path(csv_path: Path, line: int, root: Path, image_column: str, row: dict) -> Path:
+    """The image file of one CSV row: it exists and is a PNG, JPEG or DICOM file (pydicom installed)."""
+    rel = (row[image_column] or "").strip()
+    path = root / rel
+    if not rel or not path.is_file():
+        raise FolderFormatError(
+            f"{csv_path}, line {line}, column {image_column!r}: image {str(path)!r} not found"
+        )
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise FolderFormatError(
+            f"{csv_path}, line {line}: {path.name} is not a PNG, JPEG or DICOM file ({', '.join(IMAGE_SUFFIXES)})"
+        )
+    if path.suffix.lower() in DICOM_SUFFIXES:
+        try:
+            import pydicom  # noqa: F401
+        except ImportError:
+            raise FolderFormatError(
+                f"{csv_path}, line {line}: {path.name} is DICOM; install pydicom (pip install fedweigh[dicom])"
+            ) from None
+    return path
+
+
+def _checked_labels(
+    csv_path: Path,
+    y: np.ndarray,
+    task: str,
+    label_columns: Sequence[str],
+    class_names: Sequence[str] | None,
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """(labels, class names): class indices 0..K-1 (multi-class, first label column) or 0/1 per column
+    (multi-label); FolderFormatError naming the line and column of the first bad label."""
+    if task == "multiclass":
+        k = len(class_names or ())
+        bad = np.flatnonzero((y[:, 0] != np.round(y[:, 0])) | (y[:, 0] < 0) | (y[:, 0] >= k))
+        if bad.size:
+            raise FolderFormatError(
+                f"{csv_path}, line {int(bad[0]) + 2}, column {label_columns[0]!r}: class {y[bad[0], 0]:g} "
+                f"is not an index 0..{k - 1}"
+            )
+        return y[:, 0].astype(np.int64), tuple(class_names or ())
+    bad = np.argwhere((y != 0) & (y != 1))
+    if bad.size:
+        r, c = bad[0]
+        raise FolderFormatError(
+            f"{csv_path}, line {int(r) + 2}, column {label_columns[c]!r}: label {y[r, c]:g} is not 0 or 1"
+        )
+    return y, tuple(label_columns)
+
+
+def _test_rows(
+    csv_path: Path, rows: list[dict], split_column: str | None, test_fraction: float, seed: int
+) -> np.ndarray:
+    """Which rows are test rows: ``split_column`` says ``test``, or a seeded draw of ``test_fraction``
+    of them; FolderFormatError when no training or no test row is left."""
+    if split_column:
+        is_test = np.array([(row[split_column] or "").strip().lower() == "test" for row in rows])
+    else:
+        rng = np.random.default_rng([seed, 7])
+        is_test = np.zeros(len(rows), bool)
+        is_test[rng.permutation(len(rows))[: max(1, int(round(test_fraction * len(rows))))]] = True
+    if is_test.all() or not is_test.any():
+        raise FolderFormatError(f"{csv_path}: the split leaves no training or no test rows")
+    return is_test
+
+
 def load_images_csv(
     csv_path: str | Path,
     size: int = 32,
@@ -154,53 +219,11 @@ def load_images_csv(
     paths: list[Path] = []
     labels: list[list[float]] = []
     for line, row in enumerate(rows, start=2):
-        rel = (row[image_column] or "").strip()
-        path = root / rel
-        if not rel or not path.is_file():
-            raise FolderFormatError(
-                f"{csv_path}, line {line}, column {image_column!r}: image {str(path)!r} not found"
-            )
-        if path.suffix.lower() not in IMAGE_SUFFIXES:
-            raise FolderFormatError(
-                f"{csv_path}, line {line}: {path.name} is not a PNG, JPEG or DICOM file ({', '.join(IMAGE_SUFFIXES)})"
-            )
-        if path.suffix.lower() in DICOM_SUFFIXES:
-            try:
-                import pydicom  # noqa: F401
-            except ImportError:
-                raise FolderFormatError(
-                    f"{csv_path}, line {line}: {path.name} is DICOM; install pydicom (pip install fedweigh[dicom])"
-                ) from None
-        paths.append(path)
+        paths.append(_image_path(csv_path, line, root, image_column, row))
         labels.append([_label(csv_path, line, c, row[c]) for c in label_columns])
     y = np.asarray(labels, dtype=np.float32)
-    if task == "multiclass":
-        k = len(class_names or ())
-        bad = np.flatnonzero((y[:, 0] != np.round(y[:, 0])) | (y[:, 0] < 0) | (y[:, 0] >= k))
-        if bad.size:
-            raise FolderFormatError(
-                f"{csv_path}, line {int(bad[0]) + 2}, column {label_columns[0]!r}: class {y[bad[0], 0]:g} "
-                f"is not an index 0..{k - 1}"
-            )
-        y_out = y[:, 0].astype(np.int64)
-        names = tuple(class_names or ())
-    else:
-        bad = np.argwhere((y != 0) & (y != 1))
-        if bad.size:
-            r, c = bad[0]
-            raise FolderFormatError(
-                f"{csv_path}, line {int(r) + 2}, column {label_columns[c]!r}: label {y[r, c]:g} is not 0 or 1"
-            )
-        y_out = y
-        names = tuple(label_columns)
-    if split_column:
-        is_test = np.array([(row[split_column] or "").strip().lower() == "test" for row in rows])
-    else:
-        rng = np.random.default_rng([seed, 7])
-        is_test = np.zeros(len(rows), bool)
-        is_test[rng.permutation(len(rows))[: max(1, int(round(test_fraction * len(rows))))]] = True
-    if is_test.all() or not is_test.any():
-        raise FolderFormatError(f"{csv_path}: the split leaves no training or no test rows")
+    y_out, names = _checked_labels(csv_path, y, task, label_columns, class_names)
+    is_test = _test_rows(csv_path, rows, split_column, test_fraction, seed)
     train_rows = np.flatnonzero(~is_test)
     if num_images is not None:
         train_rows = np.sort(np.random.default_rng([seed, 5]).permutation(train_rows)[:num_images])

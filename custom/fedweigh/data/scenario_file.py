@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,10 +169,19 @@ def _shift(r: _Reader, field: str, value: Any) -> float | AcquisitionProfile:
     return float(value)
 
 
-def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenario:
-    """The :class:`Scenario` a parsed scenario file describes (module docstring); ScenarioFileError otherwise."""
-    r = _Reader(Path(path))
-    r.keys("", data, _TOP_KEYS)
+@dataclass
+class _Sites:
+    """The per-site fields of a scenario file, in the order of its ``sites`` list."""
+
+    names: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    shares: list[float] = field(default_factory=list)
+    labels: list[SiteLabels] = field(default_factory=list)
+    shifts: list[float | AcquisitionProfile] = field(default_factory=list)
+    noise: list[float] = field(default_factory=list)
+
+
+def _name_and_description(r: _Reader, data: dict, path: str | Path) -> tuple[str, str]:
     name = data.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         r.fail("name", "a name of letters, digits, '.', '_' and '-'", name)
@@ -180,16 +190,25 @@ def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenari
     description = data.get("description", f"scenario file {Path(path).name}")
     if not isinstance(description, str):
         r.fail("description", "text", description)
+    return name, description
+
+
+def _site_list(r: _Reader, data: dict, partition: str) -> list:
+    """The ``sites`` list, or ``num_sites`` empty sites for a catalogue partition."""
     raw_sites = data.get("sites")
-    partition = r.choice("partition", data.get("partition", "sites"), PARTITIONS)
     if raw_sites is None:
         if partition == "sites":
             r.fail("sites", "a list of sites (a 'sites' partition gives each site its size)", raw_sites)
-        raw_sites = [{} for _ in range(r.positive_int("num_sites", data.get("num_sites")))]
-    elif not isinstance(raw_sites, list) or not raw_sites:
+        return [{} for _ in range(r.positive_int("num_sites", data.get("num_sites")))]
+    if not isinstance(raw_sites, list) or not raw_sites:
         r.fail("sites", "a non-empty list of sites", raw_sites)
     elif "num_sites" in data and data["num_sites"] != len(raw_sites):
         r.fail("num_sites", f"the number of sites listed ({len(raw_sites)})", data["num_sites"])
+    return raw_sites
+
+
+def _partition_options(r: _Reader, data: dict, partition: str) -> dict[str, Any]:
+    """``alpha`` (and ``quantity_alpha``) of a catalogue partition; neither for ``iid`` and ``sites``."""
     kw: dict[str, Any] = {}
     if partition in ("iid", "sites"):
         for key in ("alpha", "quantity_alpha"):
@@ -210,42 +229,51 @@ def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenari
             "no quantity_alpha (only partition 'quantity+label' takes one)",
             data["quantity_alpha"],
         )
-    names, sizes, shares, labels, shifts, noise = [], [], [], [], [], []
-    for i, site in enumerate(raw_sites):
-        at = f"sites[{i}]"
-        if not isinstance(site, dict):
-            r.fail(at, "a mapping of site fields", site)
-        r.keys(f"{at}.", site, _SITE_KEYS)
-        site_name = site.get("name", f"site-{i + 1}")
-        if not isinstance(site_name, str) or not _NAME.fullmatch(site_name) or site_name in names:
-            r.fail(f"{at}.name", "a new site name of letters, digits, '.', '_' and '-'", site_name)
-        names.append(site_name)
-        if partition != "sites":
-            for key in ("size", "share", "labels"):
-                if key in site:
-                    r.fail(
-                        f"{at}.{key}",
-                        f"no {key} with partition {partition!r} (use partition: sites)",
-                        site[key],
-                    )
-        else:
-            if ("size" in site) == ("share" in site):
+    return kw
+
+
+def _read_site(r: _Reader, i: int, site: Any, partition: str, sites: _Sites) -> None:
+    """Check ``sites[i]`` and append its fields to ``sites`` (size, share and labels: ``sites`` partition)."""
+    at = f"sites[{i}]"
+    if not isinstance(site, dict):
+        r.fail(at, "a mapping of site fields", site)
+    r.keys(f"{at}.", site, _SITE_KEYS)
+    site_name = site.get("name", f"site-{i + 1}")
+    if not isinstance(site_name, str) or not _NAME.fullmatch(site_name) or site_name in sites.names:
+        r.fail(f"{at}.name", "a new site name of letters, digits, '.', '_' and '-'", site_name)
+    sites.names.append(site_name)
+    if partition != "sites":
+        for key in ("size", "share", "labels"):
+            if key in site:
                 r.fail(
-                    at,
-                    "exactly one of size (rows) or share (of the pool)",
-                    {k: site.get(k) for k in ("size", "share")},
+                    f"{at}.{key}", f"no {key} with partition {partition!r} (use partition: sites)", site[key]
                 )
-            if "size" in site:
-                sizes.append(r.positive_int(f"{at}.size", site["size"]))
-            else:
-                shares.append(
-                    r.number(f"{at}.share", site["share"], 0, float("inf"), low_open=True, high_open=True)
-                )
-            labels.append(_labels(r, f"{at}.labels", site.get("labels")))
-        shifts.append(_shift(r, f"{at}.shift", site.get("shift", 0.0)))
-        noise.append(
-            r.number(f"{at}.label_noise", site.get("label_noise", 0.0), 0, 1, low_open=False, high_open=True)
-        )
+    else:
+        if ("size" in site) == ("share" in site):
+            r.fail(
+                at,
+                "exactly one of size (rows) or share (of the pool)",
+                {k: site.get(k) for k in ("size", "share")},
+            )
+        if "size" in site:
+            sites.sizes.append(r.positive_int(f"{at}.size", site["size"]))
+        else:
+            sites.shares.append(
+                r.number(f"{at}.share", site["share"], 0, float("inf"), low_open=True, high_open=True)
+            )
+        sites.labels.append(_labels(r, f"{at}.labels", site.get("labels")))
+    sites.shifts.append(_shift(r, f"{at}.shift", site.get("shift", 0.0)))
+    sites.noise.append(
+        r.number(f"{at}.label_noise", site.get("label_noise", 0.0), 0, 1, low_open=False, high_open=True)
+    )
+
+
+def _read_sites(r: _Reader, raw_sites: list, partition: str) -> _Sites:
+    """Every site's fields, sizes and shares checked together."""
+    sites = _Sites()
+    for i, site in enumerate(raw_sites):
+        _read_site(r, i, site, partition, sites)
+    sizes, shares = sites.sizes, sites.shares
     if sizes and shares:
         r.fail(
             "sites",
@@ -258,13 +286,22 @@ def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenari
             "at least 2 rows (one train, one val)",
             min(sizes),
         )
-    k = len(raw_sites)
+    return sites
+
+
+def _shift_options(r: _Reader, data: dict, shifts: list[float | AcquisitionProfile]) -> dict[str, Any]:
+    """``shift`` for every site, or ``site_shift`` per site (not both)."""
     if "shift" in data:
         if any(s != 0.0 for s in shifts):
             r.fail("shift", "either shift for all sites or sites[i].shift, not both", data["shift"])
-        kw["shift"] = r.number("shift", data["shift"], 0, float("inf"), low_open=False, high_open=True)
-    elif any(s != 0.0 for s in shifts):
-        kw["site_shift"] = tuple(shifts)
+        return {"shift": r.number("shift", data["shift"], 0, float("inf"), low_open=False, high_open=True)}
+    if any(s != 0.0 for s in shifts):
+        return {"site_shift": tuple(shifts)}
+    return {}
+
+
+def _test_mix(r: _Reader, data: dict, k: int) -> str | tuple[float, ...]:
+    """``test_mix``: a named mix, or one share per site (not all 0)."""
     test_mix = data.get("test_mix", "pool")
     if isinstance(test_mix, list):
         if len(test_mix) != k:
@@ -277,6 +314,21 @@ def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenari
             r.fail("test_mix", "shares that are not all 0", list(test_mix))
     else:
         r.choice("test_mix", test_mix, (*TEST_MIXES, "[shares]"))
+    return test_mix
+
+
+def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenario:
+    """The :class:`Scenario` a parsed scenario file describes (module docstring); ScenarioFileError otherwise."""
+    r = _Reader(Path(path))
+    r.keys("", data, _TOP_KEYS)
+    name, description = _name_and_description(r, data, path)
+    partition = r.choice("partition", data.get("partition", "sites"), PARTITIONS)
+    raw_sites = _site_list(r, data, partition)
+    kw = _partition_options(r, data, partition)
+    sites = _read_sites(r, raw_sites, partition)
+    k = len(raw_sites)
+    kw.update(_shift_options(r, data, sites.shifts))
+    test_mix = _test_mix(r, data, k)
     try:
         return Scenario(
             name=name,
@@ -289,14 +341,14 @@ def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenari
             val_fraction=r.number(
                 "val_fraction", data.get("val_fraction", 0.1), 0, 1, low_open=False, high_open=True
             ),
-            site_counts=tuple(sizes) if sizes else None,
-            site_shares=tuple(shares) if shares else None,
-            site_labels=tuple(labels)
-            if partition == "sites" and any(m.kind != "pool" for m in labels)
+            site_counts=tuple(sites.sizes) if sites.sizes else None,
+            site_shares=tuple(sites.shares) if sites.shares else None,
+            site_labels=tuple(sites.labels)
+            if partition == "sites" and any(m.kind != "pool" for m in sites.labels)
             else None,
-            label_noise=tuple(noise) if any(noise) else None,
+            label_noise=tuple(sites.noise) if any(sites.noise) else None,
             test_mix=test_mix,
-            names=tuple(names) if names != [f"site-{i + 1}" for i in range(k)] else None,
+            names=tuple(sites.names) if sites.names != [f"site-{i + 1}" for i in range(k)] else None,
             **kw,
         )
     except ScenarioFileError:

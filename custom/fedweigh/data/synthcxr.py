@@ -23,7 +23,6 @@ Per-hospital acquisition shift is not applied here (the scenario code applies it
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from statistics import NormalDist
 import numpy as np
 
 from fedweigh.data.base import CHEST_FINDINGS, LabeledImages
+from fedweigh.io import atomic_write_npz, write_figure
 
 SYNTHCXR_DEFAULT_SIZE = 32
 #: Bumped whenever the rendered pixels or sampled labels change; part of the cache file name.
@@ -677,16 +677,8 @@ def _read_cache(path: Path, n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _write_cache(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    """Write atomically: a temporary file in the same folder, then os.replace (safe when processes race)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, images=images, labels=labels, version=np.int64(SYNTHCXR_VERSION))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically (:func:`fedweigh.io.atomic_write_npz`: safe when processes race)."""
+    atomic_write_npz(path, images=images, labels=labels, version=np.int64(SYNTHCXR_VERSION))
 
 
 def load_synthcxr(
@@ -760,7 +752,4 @@ def save_sample_grid(
         title = "\n".join(["+".join(names[j : j + 2]) for j in range(0, len(names), 2)]) or "normal"
         ax.set_title(title, fontsize=7)
     fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=1.0 - 0.3 / nrows, wspace=0.05, hspace=0.45)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path
+    return write_figure(path, fig, dpi=dpi)

@@ -30,6 +30,7 @@ from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 import fedweigh
 from fedweigh.flare.recipes import MethodRecipe
 from fedweigh.flare.site_executor import CLIENT_SCRIPT_NAME, InstalledClientExecutor
+from fedweigh.io import atomic_write_text
 from fedweigh.methods import FEDERATED_METHODS
 from fedweigh.site.args import ClientArgs
 
@@ -173,7 +174,7 @@ def make_site_installed(job_dir: str | Path) -> None:
                     )
                 executor["path"] = INSTALLED_EXECUTOR
                 executor["args"] = {k: v for k, v in args.items() if k in _INSTALLED_EXECUTOR_ARGS}
-            config_path.write_text(json.dumps(config, indent=4))
+            atomic_write_text(config_path, json.dumps(config, indent=4), private=False)
         if (app / CUSTOM_FOLDER).exists():
             shutil.rmtree(app / CUSTOM_FOLDER)
 

@@ -15,7 +15,7 @@ options.
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -39,6 +39,9 @@ from fedweigh.site.args import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.
 CLIENT_SCRIPT = str(Path(__file__).with_name("fedweigh_client.py"))
+#: The class the server's persistor builds the global model with (``FedweighNet(arch=...)`` builds the
+#: architecture's class); a site's allow-list names it (provisioning/resources.json).
+MODEL_CLASS_PATH = "fedweigh.models.base.FedweighNet"
 
 
 class ClientScriptRunner(ScriptRunner):
@@ -101,7 +104,7 @@ class ModelSpec:
         args = asdict(self)
         if args["pretrained"] is None:  # jobs without a checkpoint keep their configuration
             del args["pretrained"]
-        return {"path": "fedweigh.models.FedweighNet", "args": args}
+        return {"path": MODEL_CLASS_PATH, "args": args}
 
 
 def _deprecated(old: str, new: str, where: str) -> None:
@@ -142,6 +145,114 @@ def fedprox_options(
     if isinstance(fedprox_mu, bool) or not isinstance(fedprox_mu, (int, float)) or not fedprox_mu >= 0:
         raise ConfigError(where, "fedprox_mu", fedprox_mu, "a number >= 0")
     return args, float(fedprox_mu)
+
+
+def _encrypt_layers(
+    encrypt_layers: list[str] | None, he_layers: list[str] | None, where: str
+) -> list[str] | None:
+    """``encrypt_layers``, or the deprecated ``he_layers`` (warns); ConfigError for both or a string."""
+    if he_layers is not None:
+        if encrypt_layers is not None:
+            raise ConfigError(
+                where, "he_layers", he_layers, "give encrypt_layers alone (he_layers is its old name)"
+            )
+        _deprecated("he_layers", "encrypt_layers", where)
+        encrypt_layers = he_layers
+    if isinstance(encrypt_layers, str):
+        raise ConfigError(
+            where,
+            "encrypt_layers",
+            encrypt_layers,
+            "a list of non-empty patterns: glob patterns or selectors (first:N, last:N, largest:N); "
+            "a regular-expression string is not supported",
+        )
+    return encrypt_layers
+
+
+def _scheme_options(
+    scheme: str, scheme_args: dict | None, fedprox_mu: float | None, where: str
+) -> dict | None:
+    """The scheme's options with FedProx's coefficient as ``client_mu`` (:func:`fedprox_options`);
+    None when none are given (a job exported exactly as before: no scheme options)."""
+    given = scheme_args
+    scheme_args, mu = fedprox_options(scheme, scheme_args, fedprox_mu, where)
+    if mu is not None:
+        scheme_args["client_mu"] = mu
+    elif given is None and not scheme_args:
+        return None
+    return scheme_args
+
+
+def _new_job(name: str, min_clients: int, app_packages: list[str]) -> BaseFedJob:
+    """An empty PyTorch job whose sites' metrics (Client API SummaryWriter) stream to the server's
+    TensorBoard folder; ``app_packages``: packages the sites import from their installation."""
+    job = BaseFedJob(
+        name=name, min_clients=min_clients, key_metric="val_auc", analytics_receiver=TBAnalyticsReceiver()
+    )
+    if app_packages:
+        job.set_app_packages(app_packages)
+    return job
+
+
+def _check_own_script(train_script: str | None, model: object, he: bool, where: str) -> None:
+    """With the user's own ``train_script``: the file exists, the global model is given, no ``he``."""
+    if train_script is None:
+        return
+    if not Path(train_script).is_file():
+        raise ConfigError(where, "train_script", train_script, "no such file")
+    if model is None:
+        raise ConfigError(
+            where,
+            "model",
+            None,
+            "with train_script, pass the global model (an nn.Module, {'path': ..., 'args': ...} or a ModelSpec)",
+        )
+    if he:
+        raise ConfigError(where, "he", he, "encrypted updates need fedweigh's client script")
+
+
+def _check_initial_ckpt(initial_ckpt: str | None, where: str) -> None:
+    """A relative ``initial_ckpt`` names an existing local file (shipped in the job)."""
+    if initial_ckpt is not None and not Path(initial_ckpt).is_absolute() and not Path(initial_ckpt).is_file():
+        raise ConfigError(
+            where,
+            "initial_ckpt",
+            initial_ckpt,
+            "a relative path must name an existing local file (shipped in the job); "
+            "an absolute path names a file on the server",
+        )
+
+
+@dataclass
+class ServerOptions:
+    """What a recipe sets of the server's round: the arguments of
+    :class:`~fedweigh.flare.controller.FedweighController` but the persistor's id (the recipe's
+    arguments of the same names, ``he_layers`` being ``encrypt_layers``)."""
+
+    num_rounds: int
+    min_clients: int
+    scheme: str
+    scheme_args: dict | None
+    sample_fraction: float
+    statistics: str
+    #: the client script's loss reads the global label histogram (the statistics phase sends it)
+    loss_needs_global_stats: bool
+    train_timeout: int
+    seed: int
+    resume_from: str | None
+    he: bool
+    he_layers: list[str] | None
+    max_share: float | str | None
+    stop_after: int | None
+    update_norm_bound: float | None
+    min_secure_sum: int
+    min_update_cosine: float | None
+
+    def controller(self, persistor_id: str) -> FedweighController:
+        """The job's controller with these options and the persistor ``persistor_id``."""
+        return FedweighController(
+            **{f.name: getattr(self, f.name) for f in fields(self)}, persistor_id=persistor_id
+        )
 
 
 class FedweighRecipe(Recipe):
@@ -225,6 +336,7 @@ class FedweighRecipe(Recipe):
         train_args: str = "",
         initial_ckpt: str | None = None,
     ):
+        where = f"recipe {name!r}"
         check_recipe_values(
             {
                 "name": name,
@@ -235,104 +347,29 @@ class FedweighRecipe(Recipe):
                 "train_timeout": train_timeout,
                 "max_share": max_share,
             },
-            f"recipe {name!r}",
+            where,
         )
-        where = f"recipe {name!r}"
-        if he_layers is not None:
-            if encrypt_layers is not None:
-                raise ConfigError(
-                    where, "he_layers", he_layers, "give encrypt_layers alone (he_layers is its old name)"
-                )
-            _deprecated("he_layers", "encrypt_layers", where)
-            encrypt_layers = he_layers
-        if isinstance(encrypt_layers, str):
-            raise ConfigError(
-                where,
-                "encrypt_layers",
-                encrypt_layers,
-                "a list of non-empty patterns: glob patterns or selectors (first:N, last:N, largest:N); "
-                "a regular-expression string is not supported",
-            )
-        given = scheme_args
-        scheme_args, mu = fedprox_options(scheme, scheme_args, fedprox_mu, where)
-        if mu is not None:
-            scheme_args["client_mu"] = mu
-        elif given is None and not scheme_args:
-            scheme_args = None  # exported exactly as before: no scheme options
+        encrypt_layers = _encrypt_layers(encrypt_layers, he_layers, where)
+        scheme_args = _scheme_options(scheme, scheme_args, fedprox_mu, where)
+        _check_own_script(train_script, model, he, where)
+        _check_initial_ckpt(initial_ckpt, where)
         self.train_script = train_script
-        if train_script is not None:
-            if not Path(train_script).is_file():
-                raise ConfigError(f"recipe {name!r}", "train_script", train_script, "no such file")
-            if model is None:
-                raise ConfigError(
-                    f"recipe {name!r}",
-                    "model",
-                    None,
-                    "with train_script, pass the global model (an nn.Module, {'path': ..., 'args': ...} "
-                    "or a ModelSpec)",
-                )
-            if he:
-                raise ConfigError(
-                    f"recipe {name!r}", "he", he, "encrypted updates need fedweigh's client script"
-                )
-        if (
-            initial_ckpt is not None
-            and not Path(initial_ckpt).is_absolute()
-            and not Path(initial_ckpt).is_file()
-        ):
-            raise ConfigError(
-                f"recipe {name!r}",
-                "initial_ckpt",
-                initial_ckpt,
-                "a relative path must name an existing local file (shipped in the job); "
-                "an absolute path names a file on the server",
-            )
-        self.client_args = (
-            check_client_args(client or ClientArgs(), f"recipe {name!r}: client options")
-            if train_script is None
-            else client or ClientArgs()
-        )
-        if model is None:
-            classes = dataset_classes(self.client_args.dataset, self.client_args.loader_options)
-            model = ModelSpec(
-                arch=self.client_args.arch,
-                num_classes=len(classes),
-                img_size=self.client_args.size,
-                norm=self.client_args.norm,
-                seed=seed,
-                pretrained=self.client_args.pretrained,
-            )
-        self.model_spec = model
-        loss_needs_stats = (
-            train_script is None and loss_uses_global_stats(self.client_args.loss) and statistics != "none"
-        )
-        # the sites' metrics (Client API SummaryWriter) stream to the server's TensorBoard folder
-        job = BaseFedJob(
-            name=name, min_clients=min_clients, key_metric="val_auc", analytics_receiver=TBAnalyticsReceiver()
-        )
-        app_packages = ([] if bundle else ["fedweigh"]) + installed_model_packages(model, bundle)
-        if app_packages:
-            job.set_app_packages(app_packages)
-        ckpt = prepare_initial_ckpt(initial_ckpt, job)
-        job_model = model.as_job_model() if isinstance(model, ModelSpec) else model
-        persistor = job.to_server(PTModel(model=job_model, initial_ckpt=ckpt), id="persistor")
-        persistor_id = (
-            persistor.get("persistor_id", "persistor") if isinstance(persistor, dict) else "persistor"
-        )
-        # what NVFlare's add_cross_site_evaluation(recipe) reads: the framework and the persistor
-        job.comp_ids.update(persistor if isinstance(persistor, dict) else {"persistor_id": persistor_id})
-        controller = FedweighController(
+        self.client_args = client or ClientArgs()
+        if train_script is None:
+            self.client_args = check_client_args(self.client_args, f"{where}: client options")
+        self.model_spec = model if model is not None else self._model_from_client(seed)
+        loss_reads_stats = train_script is None and loss_uses_global_stats(self.client_args.loss)
+        self.server_options = ServerOptions(
             num_rounds=num_rounds,
             min_clients=min_clients,
             scheme=scheme,
             scheme_args=scheme_args,
             sample_fraction=sample_fraction,
             statistics=statistics,
-            loss_needs_global_stats=loss_needs_stats,
+            loss_needs_global_stats=loss_reads_stats and statistics != "none",
             train_timeout=train_timeout,
             seed=seed,
             resume_from=resume_from,
-            persistor_id=persistor_id,
             he=he,
             he_layers=encrypt_layers,
             max_share=max_share,
@@ -341,14 +378,47 @@ class FedweighRecipe(Recipe):
             min_secure_sum=min_secure_sum,
             min_update_cosine=min_update_cosine,
         )
-        job.to_server(controller, id="controller")
-        if train_script is None:
-            runner = ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv())
-        else:
-            runner = ClientScriptRunner(script=str(Path(train_script).resolve()), script_args=train_args)
-        job.to_clients(runner)
+        job = _new_job(
+            name, min_clients, ([] if bundle else ["fedweigh"]) + installed_model_packages(model, bundle)
+        )
+        persistor_id = self._setup_model_and_persistor(job, initial_ckpt)
+        job.to_server(self.server_options.controller(persistor_id), id="controller")
+        job.to_clients(self._create_client_runner(train_args))
         self.he = he
         super().__init__(job)
+
+    def _model_from_client(self, seed: int) -> ModelSpec:
+        """The global model fedweigh's client script trains: its architecture, size and norm, the
+        dataset's number of classes, initial weights from ``seed`` (or the ``pretrained`` checkpoint)."""
+        classes = dataset_classes(self.client_args.dataset, self.client_args.loader_options)
+        return ModelSpec(
+            arch=self.client_args.arch,
+            num_classes=len(classes),
+            img_size=self.client_args.size,
+            norm=self.client_args.norm,
+            seed=seed,
+            pretrained=self.client_args.pretrained,
+        )
+
+    def _setup_model_and_persistor(self, job: BaseFedJob, initial_ckpt: str | None) -> str:
+        """Add the PyTorch persistor of the global model (and its initial checkpoint) to the server;
+        its component id, recorded where NVFlare's ``add_cross_site_evaluation(recipe)`` reads it."""
+        ckpt = prepare_initial_ckpt(initial_ckpt, job)
+        model = self.model_spec
+        job_model = model.as_job_model() if isinstance(model, ModelSpec) else model
+        persistor = job.to_server(PTModel(model=job_model, initial_ckpt=ckpt), id="persistor")
+        persistor_id = (
+            persistor.get("persistor_id", "persistor") if isinstance(persistor, dict) else "persistor"
+        )
+        # what NVFlare's add_cross_site_evaluation(recipe) reads: the framework and the persistor
+        job.comp_ids.update(persistor if isinstance(persistor, dict) else {"persistor_id": persistor_id})
+        return persistor_id
+
+    def _create_client_runner(self, train_args: str) -> ClientScriptRunner:
+        """The sites' runner: fedweigh's client script with the client arguments, or the user's script."""
+        if self.train_script is None:
+            return ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv())
+        return ClientScriptRunner(script=str(Path(self.train_script).resolve()), script_args=train_args)
 
     @property
     def framework(self) -> FrameworkType:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedweigh.errors import ContextNotFoundError, SimulationKeysRefused
-from fedweigh.io import atomic_write_bytes
+from fedweigh.io import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "CLIENT_CONTEXT_FILE",
@@ -236,8 +236,7 @@ def simulation_keys(root: str | Path) -> Path:
                 "scale_bits": SCALE_BITS,
                 "files": [SERVER_CONTEXT_FILE, CLIENT_CONTEXT_FILE],
             }
-            # the folder is private until renamed below, so a plain write is safe here
-            (tmp / SIMULATION_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            atomic_write_text(tmp / SIMULATION_MARKER, json.dumps(marker, indent=2) + "\n", private=False)
             try:
                 if final.exists():  # an empty folder: rename can only replace it once removed
                     final.rmdir()

@@ -72,6 +72,29 @@ class DPRoundReport:
 _ONEDNN_HINT_GIVEN = False
 
 
+@dataclass(frozen=True)
+class _RoundPlan:
+    """One round's sampling: the plain loader (Opacus' engine reads it), the Poisson loader trained on,
+    its rate q and the noise multiplier sigma."""
+
+    base_loader: Any
+    loader: Any
+    sample_rate: float
+    sigma: float
+
+
+@dataclass(frozen=True)
+class _PrivateTraining:
+    """What trains a DP round: the model run (Opacus' wrapper or the model), the DP optimizer, the loss,
+    and the per-sample gradient hooks to remove afterwards (fedweigh's sampler or Opacus' wrapper)."""
+
+    model: nn.Module
+    optimizer: Any
+    criterion: Any
+    sampler: FastGradSampler | None = None
+    wrapped: Any = None
+
+
 def _hint_onednn_cache(device: str | torch.device) -> None:
     """Log once that DP-SGD on CPU wants a larger oneDNN primitive cache (Poisson batches vary in size)."""
     global _ONEDNN_HINT_GIVEN
@@ -240,6 +263,102 @@ class DPSGD:
         return torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * len(self.rounds) + stream)
 
     # ---------------------------------------------------------------- training
+    def _plan(self, data: LabeledImages, cfg: TrainConfig, total_rounds: int | None) -> _RoundPlan:
+        """This round's Poisson loader, rate q, steps and sigma, checked against the site policy's caps
+        and the target epsilon before anything is trained (:class:`PrivacyBudgetExhausted`)."""
+        from opacus.data_loader import DPDataLoader
+
+        base_loader = make_loader(data, cfg.batch_size, shuffle=False, seed=0)
+        loader = DPDataLoader.from_data_loader(base_loader, generator=self._generator(0))
+        sample_rate = float(loader.sample_rate)
+        planned = cfg.epochs * len(loader)
+        steps = planned if cfg.max_steps is None else min(planned, cfg.max_steps)
+        sigma = self._noise_multiplier(sample_rate, steps, total_rounds)
+        after = self._epsilon_of(extend_history(self.accountant.history, sigma, sample_rate, steps))
+        if self.guard is not None:
+            self.guard.check("dp_sgd", after)  # the site policy's caps, before anything is trained
+        if self.config.epsilon is not None:
+            if after > self.config.epsilon * (1 + 1e-9):
+                raise PrivacyBudgetExhausted(
+                    f"{self.site_name}: DP-SGD budget exhausted: {self.total_steps} steps spent epsilon "
+                    f"{self.epsilon():.4f}; {steps} more would reach {after:.4f} > target {self.config.epsilon} "
+                    f"(planned for {total_rounds} rounds)"
+                )
+        return _RoundPlan(base_loader, loader, sample_rate, sigma)
+
+    def _make_private(
+        self, model: nn.Module, optimizer: Any, criterion: Any, plan: _RoundPlan, mode: str, num_samples: int
+    ) -> _PrivateTraining:
+        """The model, DP optimizer and loss that clip and noise each step (fedweigh's fast per-sample
+        gradients or Opacus' ``mode``), accounting every step with the rate of ``plan``'s loader."""
+        noise_gen = self._generator(1)
+        expected_batch_size = max(1, int(num_samples * plan.sample_rate))
+        step_hook = self.accountant.get_optimizer_hook_fn(sample_rate=plan.sample_rate)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
+            warnings.filterwarnings("ignore", message=".*full_backward_hook.*")
+            if mode == "fast":
+                sampler = FastGradSampler(model)
+                dp_optimizer = dp_optimizer_class()(
+                    optimizer,
+                    noise_multiplier=plan.sigma,
+                    max_grad_norm=self.config.max_grad_norm,
+                    expected_batch_size=expected_batch_size,
+                    loss_reduction="mean",
+                    generator=noise_gen,
+                )
+                dp_optimizer.attach_step_hook(step_hook)
+                return _PrivateTraining(model, dp_optimizer, criterion, sampler=sampler)
+            from opacus import PrivacyEngine
+
+            engine = PrivacyEngine(accountant=self.config.accountant)
+            engine.accountant = self.accountant
+            made = engine.make_private(
+                module=model,
+                optimizer=optimizer,
+                data_loader=plan.base_loader,
+                criterion=criterion,
+                noise_multiplier=plan.sigma,
+                max_grad_norm=self.config.max_grad_norm,
+                grad_sample_mode=mode,
+                noise_generator=noise_gen,
+            )
+            if mode == "ghost":
+                wrapped, dp_optimizer, criterion, _ = made
+            else:
+                wrapped, dp_optimizer, _ = made
+            # account with the Poisson rate of the loader used below (Opacus' own loader is not used)
+            dp_optimizer.step_hook = None
+            dp_optimizer.attach_step_hook(step_hook)
+            return _PrivateTraining(wrapped, dp_optimizer, criterion, wrapped=wrapped)
+
+    @staticmethod
+    def _run(model: nn.Module, private: _PrivateTraining, loader: Any, cfg: TrainConfig) -> TrainResult:
+        """Train the round; the per-sample gradient hooks and buffers are removed whatever happens."""
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
+                return run_epochs(
+                    private.model,
+                    loader,
+                    private.optimizer,
+                    private.criterion,
+                    cfg.epochs,
+                    cfg.max_steps,
+                    None,
+                    device=cfg.device,
+                )
+        finally:
+            if private.sampler is not None:
+                private.sampler.remove()
+            if private.wrapped is not None:
+                private.wrapped._close()
+            for p in model.parameters():
+                for attr in ("summed_grad", "grad_sample", "_processed"):
+                    if hasattr(p, attr):
+                        delattr(p, attr)
+                p.grad = None
+
     def train_round(
         self,
         model: nn.Module,
@@ -257,103 +376,22 @@ class DPSGD:
         the loss would be clipped with each sample's gradient instead). Raises
         :class:`PrivacyBudgetExhausted` before training if the round would take epsilon above the target.
         """
-        from opacus.data_loader import DPDataLoader
-
         _check_dp_compatible(model, self.site_name)
         model.to(cfg.device)
         if len(data) == 0 or cfg.epochs == 0:
             return TrainResult(0, 0, float("nan")), self._report(0, "none")
         mode = self._resolve_mode(model)
         _hint_onednn_cache(cfg.device)
-        base_loader = make_loader(data, cfg.batch_size, shuffle=False, seed=0)
-        loader = DPDataLoader.from_data_loader(base_loader, generator=self._generator(0))
-        steps_per_epoch = len(loader)
-        sample_rate = float(loader.sample_rate)
-        planned = cfg.epochs * steps_per_epoch
-        steps = planned if cfg.max_steps is None else min(planned, cfg.max_steps)
-        sigma = self._noise_multiplier(sample_rate, steps, total_rounds)
-        after = self._epsilon_of(extend_history(self.accountant.history, sigma, sample_rate, steps))
-        if self.guard is not None:
-            self.guard.check("dp_sgd", after)  # the site policy's caps, before anything is trained
-        if self.config.epsilon is not None:
-            if after > self.config.epsilon * (1 + 1e-9):
-                raise PrivacyBudgetExhausted(
-                    f"{self.site_name}: DP-SGD budget exhausted: {self.total_steps} steps spent epsilon "
-                    f"{self.epsilon():.4f}; {steps} more would reach {after:.4f} > target {self.config.epsilon} "
-                    f"(planned for {total_rounds} rounds)"
-                )
-        self.noise_multiplier, self.sample_rate = sigma, sample_rate
+        plan = self._plan(data, cfg, total_rounds)
+        self.noise_multiplier, self.sample_rate = plan.sigma, plan.sample_rate
 
         criterion: Any = PerSampleLoss(loss_fn if loss_fn is not None else default_loss(data.task), data.task)
         optimizer = make_optimizer(model, cfg)
-        noise_gen = self._generator(1)
-        expected_batch_size = max(1, int(len(data) * sample_rate))
-        sampler: FastGradSampler | None = None
-        wrapped: Any = None
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG.*")
-            warnings.filterwarnings("ignore", message=".*full_backward_hook.*")
-            if mode == "fast":
-                sampler = FastGradSampler(model)
-                train_model: nn.Module = model
-                dp_optimizer = dp_optimizer_class()(
-                    optimizer,
-                    noise_multiplier=sigma,
-                    max_grad_norm=self.config.max_grad_norm,
-                    expected_batch_size=expected_batch_size,
-                    loss_reduction="mean",
-                    generator=noise_gen,
-                )
-                dp_optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
-            else:
-                from opacus import PrivacyEngine
-
-                engine = PrivacyEngine(accountant=self.config.accountant)
-                engine.accountant = self.accountant
-                made = engine.make_private(
-                    module=model,
-                    optimizer=optimizer,
-                    data_loader=base_loader,
-                    criterion=criterion,
-                    noise_multiplier=sigma,
-                    max_grad_norm=self.config.max_grad_norm,
-                    grad_sample_mode=mode,
-                    noise_generator=noise_gen,
-                )
-                if mode == "ghost":
-                    wrapped, dp_optimizer, criterion, _ = made
-                else:
-                    wrapped, dp_optimizer, _ = made
-                train_model = wrapped
-                # account with the Poisson rate of the loader used below (Opacus' own loader is not used)
-                dp_optimizer.step_hook = None
-                dp_optimizer.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
+        private = self._make_private(model, optimizer, criterion, plan, mode, len(data))
         if cfg.fedprox_mu > 0 and global_params is not None:
-            self._add_prox_after_noise(dp_optimizer, model, global_params, cfg.fedprox_mu)
+            self._add_prox_after_noise(private.optimizer, model, global_params, cfg.fedprox_mu)
         before = self.total_steps
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*[Ff]ull backward hook.*")
-                result = run_epochs(
-                    train_model,
-                    loader,
-                    dp_optimizer,
-                    criterion,
-                    cfg.epochs,
-                    cfg.max_steps,
-                    None,
-                    device=cfg.device,
-                )
-        finally:
-            if sampler is not None:
-                sampler.remove()
-            if wrapped is not None:
-                wrapped._close()
-            for p in model.parameters():
-                for attr in ("summed_grad", "grad_sample", "_processed"):
-                    if hasattr(p, attr):
-                        delattr(p, attr)
-                p.grad = None
+        result = self._run(model, private, plan.loader, cfg)
         taken = self.total_steps - before
         if taken != result.num_steps:
             raise RuntimeError(
