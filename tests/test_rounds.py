@@ -1,14 +1,9 @@
 import numpy as np
 import pytest
 
-from fedweigh.server.rounds import (
-    ClientResult,
-    PlaintextBackend,
-    RoundStep,
-    cap_weights,
-    mean_metrics,
-    sample_sites,
-)
+from fedweigh.server.loop import sample_sites
+from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep, mean_metrics
+from fedweigh.server.safeguards import Safeguards, cap_weights
 from fedweigh.weighting import get_scheme
 
 
@@ -48,7 +43,8 @@ def _result(site: str, n: int, w: np.ndarray) -> ClientResult:
 
 def _round(scheme, g, results, max_share=None):
     # the updates here are opposite on purpose: no direction check
-    step = RoundStep(scheme, PlaintextBackend(g), num_rounds=3, max_share=max_share, min_update_cosine=None)
+    safeguards = Safeguards(max_share=max_share, min_update_cosine=None)
+    step = RoundStep(scheme, PlaintextBackend(g), num_rounds=3, safeguards=safeguards)
     return step.run(1, results, [r.site for r in results])
 
 
@@ -86,7 +82,9 @@ def test_round_step_leaves_out_a_site_with_an_impossible_step_count(steps):
         ClientResult("site-2", {"w": np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 2}),
         ClientResult("site-3", {"w": -np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": steps}),
     ]
-    step = RoundStep(get_scheme("fednova"), PlaintextBackend(g), num_rounds=3, min_clients=2)
+    step = RoundStep(
+        get_scheme("fednova"), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(min_clients=2)
+    )
     outcome = step.run(1, results, ["site-1", "site-2", "site-3"])
     assert set(outcome.excluded) == {"site-3"}
     assert "NUM_STEPS_CURRENT_ROUND" in outcome.excluded["site-3"]
