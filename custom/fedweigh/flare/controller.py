@@ -57,6 +57,7 @@ from fedweigh.server.rounds import AggregationBackend, ClientResult, PlaintextBa
 from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND, Safeguards
 from fedweigh.server.validation import ResultLimits
 from fedweigh.weighting import get_scheme
+from fedweigh.weighting.base import WeightingScheme
 from fedweigh.weighting.geometry import use_model_buffers
 
 __all__ = [
@@ -76,6 +77,16 @@ DEFAULT_MIN_SECURE_SUM = 3
 GLOBAL_NPZ = "fedweigh_global.npz"
 #: How the controller's option errors name their source.
 _SOURCE = "FedweighController"
+#: The controller's options checked by fedweigh.checks.check_server_values besides the safeguards.
+_RUN_OPTIONS = (
+    "num_rounds",
+    "sample_fraction",
+    "statistics",
+    "train_timeout",
+    "stop_after",
+    "memory_gc_rounds",
+    "he_layers",
+)
 HE_GLOBAL_NPZ = "fedweigh_he_global.npz"
 
 
@@ -129,7 +140,7 @@ class FedweighController(ModelController):
             or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear.
             None: encrypt every floating-point array.
         max_share: cap on any one site's share of a round's total weight (water-filling,
-            :func:`fedweigh.server.rounds.cap_weights`); bounds a site that inflates its sample count or
+            :func:`fedweigh.server.safeguards.cap_weights`); bounds a site that inflates its sample count or
             forges its statistics. ``"auto"`` (default): half the weight once three or more sites
             count. None: no cap.
         update_norm_bound: scale every array of an update down to this many times the median norm of
@@ -138,7 +149,7 @@ class FedweighController(ModelController):
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
             updates is below this while those agree with each other (plaintext updates, three or more
             sites; default 0: an update opposing a consensus of the others,
-            :func:`fedweigh.server.rounds.direction_outliers`); None: off.
+            :func:`fedweigh.server.safeguards.direction_outliers`); None: off.
         min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
             encrypted model aggregate) before anything is decrypted; at most the number of sites,
             never below 2; each site's policy may ask for more (default 3).
@@ -176,7 +187,26 @@ class FedweighController(ModelController):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (the round step)
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
+        # NVFlare exports a component from the constructor arguments it keeps as self.<argument>
+        self.num_rounds = num_rounds
+        self.min_clients = min_clients
+        self.scheme = scheme
+        self.scheme_args = dict(scheme_args or {})
+        self.sample_fraction = sample_fraction
+        self.statistics = statistics
+        self.loss_needs_global_stats = loss_needs_global_stats
+        self.train_timeout = train_timeout
+        self.evaluate_final = evaluate_final
+        self.seed = seed
+        self.resume_from = resume_from
+        self.max_num_samples = max_num_samples
+        self.he = bool(he)
+        self.he_layers = he_layers
+        self.stop_after = stop_after
+        self.memory_gc_rounds = memory_gc_rounds
+        self.min_secure_sum = min_secure_sum
         # every option is checked once, by its rule in fedweigh.checks (ConfigError naming it)
+        check_server_values({name: getattr(self, name) for name in _RUN_OPTIONS}, _SOURCE)
         self._safeguards = Safeguards(
             min_clients,
             max_share,
@@ -186,40 +216,25 @@ class FedweighController(ModelController):
             ResultLimits(max_num_samples=max_num_samples),
             source=_SOURCE,
         )
-        run_options = {
-            "num_rounds": num_rounds,
-            "sample_fraction": sample_fraction,
-            "statistics": statistics,
-            "train_timeout": train_timeout,
-            "stop_after": stop_after,
-            "memory_gc_rounds": memory_gc_rounds,
-            "he_layers": he_layers,
-        }
-        check_server_values(run_options, _SOURCE)
-        if he_layers and not he:
-            raise ValueError(f"{_SOURCE}: he_layers selects the layers to encrypt: it needs he=True")
-        # NVFlare exports a component from the constructor arguments it keeps as self.<argument>
-        self.num_rounds, self.min_clients, self.scheme = num_rounds, min_clients, scheme
-        self.scheme_args = dict(scheme_args or {})
-        self.sample_fraction, self.statistics, self.train_timeout = sample_fraction, statistics, train_timeout
-        self.loss_needs_global_stats, self.evaluate_final = loss_needs_global_stats, evaluate_final
-        self.seed, self.resume_from, self.max_num_samples = seed, resume_from, max_num_samples
-        self.he, self.he_layers = bool(he), he_layers
-        self.max_share = self._safeguards.max_share
+        self.max_share = self._safeguards.max_share  # numbers as floats
         self.update_norm_bound = self._safeguards.update_norm_bound
         self.min_update_cosine = self._safeguards.min_update_cosine
-        self.min_secure_sum, self.stop_after, self.memory_gc_rounds = (
-            min_secure_sum,
-            stop_after,
-            memory_gc_rounds,
-        )
-        self._scheme = get_scheme(scheme, **self.scheme_args)  # fails at job creation on a bad name/option
-        if self._scheme.needs_global_histogram and statistics == "none":
+        self._scheme = self._job_scheme()
+
+    def _job_scheme(self) -> WeightingScheme:
+        """The job's weighting scheme; ValueError at job creation on a bad name or option, a scheme
+        that needs the global label histogram without a statistics phase, or one that cannot run
+        under HE (naming the scheme and the reason)."""
+        if self.he_layers and not self.he:
+            raise ValueError(f"{_SOURCE}: he_layers selects the layers to encrypt: it needs he=True")
+        scheme = get_scheme(self.scheme, **self.scheme_args)
+        if scheme.needs_global_histogram and self.statistics == "none":
             raise ValueError(
-                f"scheme {scheme!r} needs the global label histogram: set statistics='secure' (or 'plain')"
+                f"scheme {self.scheme!r} needs the global label histogram: set statistics='secure' (or 'plain')"
             )
         if self.he:
-            self._scheme.check_he()  # fails at job creation, naming the scheme and the reason
+            scheme.check_he()
+        return scheme
 
     # -- helpers -------------------------------------------------------------------------------
     def ask_sites(
