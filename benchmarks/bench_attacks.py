@@ -56,6 +56,7 @@ from fedweigh.protocol import META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_NUM_ST
 from fedweigh.server.label_stats import sum_statistics
 from fedweigh.server.quorum import server_floor
 from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.server.safeguards import Safeguards
 from fedweigh.site.args import ClientArgs
 from fedweigh.site.policy import PROVISIONED_DEFAULT
 from fedweigh.site.trainer import SiteTrainer, build_site_model
@@ -269,15 +270,13 @@ def run_in_process(fed, method_name: str, kind: str | None, keys: Keys, defences
         notes += _statistics_phase(trainers, kind, keys)
     backend = EncryptedGlobalModel(keys.public, g0) if method.he else PlaintextBackend(g0)
     scheme = get_scheme(method.scheme, **method.scheme_args)
-    off = {} if defences else {"max_share": None, "update_norm_bound": None, "min_update_cosine": None}
+    quorum = {"min_clients": 2, "min_secure_sum": SERVER_FLOOR}
     step = RoundStep(
         scheme,
         backend,
         num_rounds=ROUNDS,
-        min_clients=2,
-        min_secure_sum=SERVER_FLOOR,
+        safeguards=Safeguards(**quorum) if defences else Safeguards.off(**quorum),
         log=lambda m: None,
-        **off,
     )
     memory: dict = {}
     stalled, weight = [], 0.0

@@ -109,9 +109,7 @@ def run_new(
         compile=compile_model,
         # the server's safeguards of a later commit change the aggregation; the engine is compared
         # on the schemes alone, as the landed commit ran them
-        max_share=None,
-        update_norm_bound=None,
-        min_update_cosine=None,
+        safeguards="off",
     )
     config = replace(config, client=replace(config.client, max_steps=cell["max_steps"]))
     record, _, _ = run_cell(config, cell["scenario"], cell["method"], cell["seed"])

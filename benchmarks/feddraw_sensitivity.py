@@ -38,7 +38,9 @@ from pathlib import Path
 
 from fedweigh.bench import make_config, run_bench
 from fedweigh.bench.cells import CELLS_DIR, cell_key, load_cell
-from fedweigh.bench.runner import SAFEGUARDS, engine_layout, federation_for
+from fedweigh.bench.config import SAFEGUARDS
+from fedweigh.bench.federations import federation_for
+from fedweigh.bench.runner import engine_layout
 
 VARIANTS: tuple[str, ...] = (
     "feddraw",
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="synthcxr")
     p.add_argument(
         "--safeguards",
-        choices=tuple(SAFEGUARDS),  # fedweigh.bench.runner.SAFEGUARDS
+        choices=tuple(SAFEGUARDS),  # fedweigh.bench.config.SAFEGUARDS
         default="off",
         help="the server's safeguards: off (default; the weighting alone) or deploy (the controller's defaults)",
     )

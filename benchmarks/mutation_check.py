@@ -145,18 +145,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         "min-clients-ignored",
         "a round with fewer valid results than min_clients still updates the model",
         "custom/fedweigh/server/rounds.py",
-        "        if not outcome.reason and len(outcome.reports) < self.min_clients:",
-        "        if False and not outcome.reason and len(outcome.reports) < self.min_clients:",
+        "        if not outcome.reason and len(outcome.reports) < min_clients:",
+        "        if False and not outcome.reason and len(outcome.reports) < min_clients:",
         ("tests/test_failures.py::test_invalid_results_are_left_out_with_the_reason_and_the_model_kept",),
     ),
     Mutation(
         "crash-waited-out",
         "a crashed site is waited for until train_timeout instead of being skipped at once",
         "custom/fedweigh/flare/controller.py",
-        "            results = self.ask_sites(TASK_TRAIN, task_model, targets, self.min_clients)",
-        "            results = self.ask_sites(TASK_TRAIN, task_model, targets, self.min_clients)\n"
-        "            if self.train_timeout and len(results) < len(targets):\n"
-        "                time.sleep(self.train_timeout)",
+        "        results = c.ask_sites(TASK_TRAIN, model, task.targets, c.min_clients)",
+        "        results = c.ask_sites(TASK_TRAIN, model, task.targets, c.min_clients)\n"
+        "        if c.train_timeout and len(results) < len(task.targets):\n"
+        "            time.sleep(c.train_timeout)",
         ("tests/test_failures.py::test_crashing_site_is_left_out_at_once_and_the_round_completes",),
     ),
     Mutation(
@@ -213,16 +213,16 @@ MUTATIONS: tuple[Mutation, ...] = (
         "memory-gc-ignored",
         "memory_gc_rounds is ignored (memory freed every round)",
         "custom/fedweigh/flare/controller.py",
-        "            if self.memory_gc_rounds and t % self.memory_gc_rounds == 0:",
-        "            if True:",
+        "        if every and round_index % every == 0:",
+        "        if True:",
         ("tests/test_controller_run.py::test_memory_gc_rounds_frees_memory_in_those_rounds",),
     ),
     Mutation(
         "validate-task-no-timeout",
         "the final validation task waits for every site without train_timeout",
         "custom/fedweigh/flare/controller.py",
-        "            results = self.ask_sites(TASK_VALIDATE, final, willing, 1)",
-        "            results = self.broadcast_model(task_name=TASK_VALIDATE, data=final, targets=willing)",
+        "        results = self.controller.ask_sites(TASK_VALIDATE, final, task.targets, 1)",
+        "        results = self.controller.broadcast_model(task_name=TASK_VALIDATE, data=final, targets=task.targets)",
         ("tests/test_controller_run.py::test_train_timeout_applies_to_every_task",),
     ),
     Mutation(

@@ -165,3 +165,17 @@ def test_the_aggregator_is_exported_with_its_options(tmp_path):
     args = workflow["args"]["aggregator"]["args"]
     assert args["scheme"] == "feddraw" and args["scheme_args"] == {"beta_max": 2.0}
     assert args["num_rounds"] == 4 and args["max_share"] == 0.5
+
+
+def test_a_result_replayed_in_a_later_round_is_refused():
+    """The aggregator builds a round step per round and hands each the same digest store: a site that
+    sends round 1's parameters again in round 2 is left out (a fresh store each round would take it)."""
+    agg = _aggregator(min_clients=1)
+    for site, value in (("site-1", 1.0), ("site-2", 2.0)):
+        agg.accept_model(_result(site, 10, value))
+    agg.aggregate_model()
+    agg.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, 1, private=True, sticky=False)
+    agg.accept_model(_result("site-1", 10, 1.0))  # the same parameters as in round 1
+    agg.accept_model(_result("site-2", 10, 3.0))
+    agg.aggregate_model()
+    assert set(agg.last_weights) == {"site-2"}

@@ -308,7 +308,7 @@ def test_opacus_copy_of_a_pretrained_vit_keeps_its_size_and_weights(vit_file) ->
 
 def test_a_checkpoint_changes_the_bench_cells_settings_hash(vit_file) -> None:
     from fedweigh.bench import make_config
-    from fedweigh.bench.runner import settings_hash
+    from fedweigh.bench.cells import settings_hash
 
     _, path = vit_file
     plain = make_config("smoke", "synthcxr", arch="vit", size=32)

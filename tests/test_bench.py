@@ -14,21 +14,15 @@ from figures import assert_weights_plot, captured_figures, effect_points, lines
 from scipy.stats import friedmanchisquare, rankdata
 
 from fedweigh.bench import make_config, parse_method, run_bench, run_cell
-from fedweigh.bench.cells import cell_key, load_cell_scores
+from fedweigh.bench.cells import CELLS_DIR, cell_key, is_done, load_cell_scores, settings_hash
 from fedweigh.bench.cli import add_bench_parser, main_bench
+from fedweigh.bench.config import bench_safeguards, cell_args
 from fedweigh.bench.curves import macro_roc, net_benefit
 from fedweigh.bench.effects import PLATEAU_TOL_AUC
+from fedweigh.bench.federations import federation_for, pool_sites
+from fedweigh.bench.modes import TestScorer
 from fedweigh.bench.report import RESULT_COLUMNS, SUMMARY_KEYS
-from fedweigh.bench.runner import (
-    CELLS_DIR,
-    _TestScorer,
-    cell_args,
-    engine_layout,
-    federation_for,
-    is_done,
-    pool_sites,
-    settings_hash,
-)
+from fedweigh.bench.runner import engine_layout
 from fedweigh.bench.stats import (
     average_ranks,
     compare,
@@ -283,7 +277,7 @@ def test_youden_thresholds_change_thresholded_metrics_only():
     # youden: per-finding thresholds from the pooled validation splits, for the model being scored
     fed = federation_for(youden, "iid-4", 0)
     args = cell_args(youden, "iid-4", 0, parse_method("centralized"))
-    scorer = _TestScorer(args, fed.test, pool_sites(fed.sites).val, "youden")
+    scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, "youden")
     model = build_model(args.arch, 14, 1, args.size, seed=args.seed)
     thresholds = youden_thresholds(scorer.val.labels, predict(model, scorer.val))
     expected = geometric_mean(fed.test.labels, predict(model, fed.test), thresholds)[0]
@@ -421,17 +415,19 @@ def test_process_pool_gives_the_serial_results_on_digits(tmp_path):
 
 def test_the_bench_runs_the_schemes_without_safeguards_unless_asked():
     from fedweigh.cli import build_parser
-    from fedweigh.server.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
+    from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 
-    off = make_config("smoke", "synthcxr")
+    off = make_config("smoke", "synthcxr").safeguards
     assert (off.max_share, off.update_norm_bound, off.min_update_cosine) == (None, None, None)
-    deploy = make_config("smoke", "synthcxr", safeguards="deploy")
+    deploy = make_config("smoke", "synthcxr", safeguards="deploy").safeguards
     assert (deploy.max_share, deploy.update_norm_bound, deploy.min_update_cosine) == (
         "auto",
         DEFAULT_UPDATE_NORM_BOUND,
         DEFAULT_MIN_UPDATE_COSINE,
     )
-    one = make_config("smoke", "synthcxr", safeguards="deploy", min_update_cosine=None)
+    one = make_config(
+        "smoke", "synthcxr", safeguards=bench_safeguards("deploy", min_update_cosine=None)
+    ).safeguards
     assert one.min_update_cosine is None and one.max_share == "auto"
     with pytest.raises(ValueError, match="safeguards must be one of off, deploy"):
         make_config("smoke", "synthcxr", safeguards="on")

@@ -47,7 +47,7 @@ def test_result_meta_meets_the_server_checks():
 
     step = RoundStep(get_scheme("cbr"), PlaintextBackend({}), num_rounds=3)
     meta = result_meta(_task("cbr"), num_samples=50, num_steps=3, class_counts=[10, 40])
-    check_meta("site-1", meta, step.scalars, step.limits)
+    check_meta("site-1", meta, step.scalars, step.safeguards.limits)
 
 
 @pytest.mark.parametrize(

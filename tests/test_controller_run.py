@@ -243,6 +243,25 @@ def test_memory_gc_rounds_frees_memory_in_those_rounds(tmp_path, monkeypatch, ev
 
 
 # ------------------------------------------------------------------------------------- the rounds
+def test_the_controller_runs_its_rounds_through_the_shared_loop(tmp_path, monkeypatch):
+    """FedweighController.run hands its rounds to fedweigh.server.loop.run_rounds with its NVFlare
+    transport (the loop the benchmark runs; tests/test_loop.py checks the loop itself)."""
+    from fedweigh.server import loop
+
+    calls = []
+
+    def spy(step, transport, recorder, plan, settings=None, log=None):
+        calls.append((type(transport), step.num_rounds, settings.first_round, plan["budget_id"]))
+        return loop.run_rounds(step, transport, recorder, plan, settings, log)
+
+    monkeypatch.setattr(controller_module, "run_rounds", spy)
+    fed = InProcessFederation(SITES)
+    make_controller(fed, tmp_path, num_rounds=2).run()
+    assert calls == [(controller_module.NVFlareTasks, 2, 1, "job")]
+    assert [s.task for s in fed.sent] == [TASK_TRAIN, TASK_TRAIN, TASK_VALIDATE]
+    assert sorted(rows_of(tmp_path)) == [0, 1, 2]
+
+
 def test_rounds_aggregate_the_sites_updates_with_the_schemes_weights(tmp_path):
     fed = InProcessFederation(SITES)
     controller = make_controller(fed, tmp_path, num_rounds=3, scheme="fedadp")

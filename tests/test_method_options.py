@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-import fedweigh.bench.runner as runner
+import fedweigh.bench.federations as federations
+import fedweigh.bench.modes as modes
 import fedweigh.site.trainer as site_module
 import fedweigh.train as train_module
+from fedweigh.bench.cells import cell_key, settings_hash
 from fedweigh.bench.cli import add_bench_parser, main_bench
-from fedweigh.bench.runner import cell_args, make_config, parse_tune, run_bench, settings_hash
+from fedweigh.bench.config import TuneSpec, Tuning, cell_args, make_config, parse_tune
+from fedweigh.bench.runner import run_bench
+from fedweigh.bench.tuning import TUNING_DIR
 from fedweigh.cli import main
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.methods import (
@@ -173,9 +177,9 @@ def test_client_options_change_the_cell_settings_hash_and_stay_file_names():
     label = "fedbb:optim=sgd,lr=0.01"
     config = make_config("smoke", "synthcxr", methods=["fedbb", label])
     assert settings_hash(config, "iid-4", "fedbb", 0) != settings_hash(config, "iid-4", label, 0)
-    key = runner.cell_key("iid-4", label, 0)
+    key = cell_key("iid-4", label, 0)
     assert key == "iid-4__fedbb_optim=sgd_lr=0.01__s0"
-    assert "loss.mu=4" in runner.cell_key("iid-4", "fedbb:loss.mu=4", 0)
+    assert "loss.mu=4" in cell_key("iid-4", "fedbb:loss.mu=4", 0)
 
 
 def test_the_client_script_reproduces_the_optimizer_options():
@@ -207,10 +211,8 @@ def test_fedbb_paper_recipe_trains_the_clients_with_sgd():
 
 # ----------------------------------------------------------------------------------------- tuning
 def test_parse_tune():
-    assert parse_tune("lr=3e-4,1e-3") == runner.TuneSpec("client.lr", (3e-4, 1e-3), None)
-    assert parse_tune("fedprox:client_mu=0.001,0.01") == runner.TuneSpec(
-        "client_mu", (0.001, 0.01), "fedprox"
-    )
+    assert parse_tune("lr=3e-4,1e-3") == TuneSpec("client.lr", (3e-4, 1e-3), None)
+    assert parse_tune("fedprox:client_mu=0.001,0.01") == TuneSpec("client_mu", (0.001, 0.01), "fedprox")
     assert parse_tune("fedbb:loss.mu=2,4").key == "loss.mu"
     for bad, message in (
         ("lr", "expected"),
@@ -227,19 +229,19 @@ def test_tune_grid_and_its_errors():
         "smoke",
         "synthcxr",
         methods=["fedavg", "fedprox"],
-        tune=["lr=1e-3,3e-3", "fedprox:client_mu=0.01,0.1"],
+        tuning=Tuning(("lr=1e-3,3e-3", "fedprox:client_mu=0.01,0.1")),
     )
-    assert config.tune_seed == 1 and config.tune_scenario == "iid-4"
+    assert config.tuning.seed == 1 and config.tuning.scenario == "iid-4"
     assert config.tune_grid("fedavg") == [{"client.lr": 1e-3}, {"client.lr": 3e-3}]
     assert len(config.tune_grid("fedprox")) == 4
     with pytest.raises(ValueError, match="no reported cell uses"):
-        make_config("smoke", "synthcxr", tune=["lr=1e-3,3e-3"], tune_seed=0)
+        make_config("smoke", "synthcxr", tuning=Tuning(("lr=1e-3,3e-3",), seed=0))
     with pytest.raises(ValueError, match="no method 'fedprox'"):
-        make_config("smoke", "synthcxr", methods=["fedavg"], tune=["fedprox:client_mu=0.01,0.1"])
+        make_config("smoke", "synthcxr", methods=["fedavg"], tuning=Tuning(("fedprox:client_mu=0.01,0.1",)))
     with pytest.raises(ValueError, match="lr = -1 is not allowed"):
-        make_config("smoke", "synthcxr", methods=["fedavg"], tune=["lr=1e-3,-1"])
+        make_config("smoke", "synthcxr", methods=["fedavg"], tuning=Tuning(("lr=1e-3,-1",)))
     with pytest.raises(ValueError, match="need --tune"):
-        make_config("smoke", "synthcxr", tune_seed=5)
+        make_config("smoke", "synthcxr", tuning=Tuning.given(None, seed=5))
 
 
 def test_tuning_picks_by_validation_auc_and_never_reads_the_test_set(tmp_path, monkeypatch):
@@ -251,10 +253,10 @@ def test_tuning_picks_by_validation_auc_and_never_reads_the_test_set(tmp_path, m
         rounds=1,
         num_images=120,
         max_steps=1,
-        tune=["lr=1e-4,3e-3"],
+        tuning=Tuning(("lr=1e-4,3e-3",)),
     )
     feds: dict[int, object] = {}
-    real_federation_for = runner.federation_for
+    real_federation_for = federations.federation_for
 
     def recording_federation_for(cfg, scenario, seed):
         feds[seed] = real_federation_for(cfg, scenario, seed)
@@ -271,22 +273,22 @@ def test_tuning_picks_by_validation_auc_and_never_reads_the_test_set(tmp_path, m
 
         monkeypatch.setattr(module, name, wrapper)
 
-    monkeypatch.setattr(runner, "federation_for", recording_federation_for)
-    for module, name in ((runner, "evaluate"), (runner, "predict"), (site_module, "evaluate")):
+    monkeypatch.setattr(modes, "federation_for", recording_federation_for)
+    for module, name in ((modes, "evaluate"), (modes, "predict"), (site_module, "evaluate")):
         probe(module, name)
     for name in ("evaluate", "predict"):
         probe(train_module, name)
     result = run_bench(config, tmp_path, progress=False)
-    tuning_test, reported_test = feds[config.tune_seed].test, feds[0].test
+    tuning_test, reported_test = feds[config.tuning.seed].test, feds[0].test
     assert seen, "the probe saw no evaluation"
     # the tuning cells never read their federation's test images (the reported cells do read theirs)
     assert not any(np.shares_memory(data.images, tuning_test.images) for _, data in seen)
     assert any(np.shares_memory(data.images, reported_test.images) for _, data in seen)
-    stored = [json.loads(p.read_text()) for p in sorted((tmp_path / runner.TUNING_DIR).glob("*.json"))]
+    stored = [json.loads(p.read_text()) for p in sorted((tmp_path / TUNING_DIR).glob("*.json"))]
     assert len(stored) == 2
     for record in stored:
         assert not any(k.startswith("test_") for row in record["rows"] for k in row)
-        assert record["seed"] == config.tune_seed
+        assert record["seed"] == config.tuning.seed
     # the choice: the grid point with the larger final validation AUC, recorded in summary.json
     tuning = json.loads((tmp_path / "summary.json").read_text())["tuning"]["fedavg"]
     aucs = [p["val_auc"] for p in tuning["grid"]]

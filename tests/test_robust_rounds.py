@@ -15,10 +15,9 @@ from fedweigh.secure.updates import UPDATE_PREFIX, encode_update, pack_chunks, u
 from fedweigh.server.encrypted import EncryptedGlobalModel
 from fedweigh.server.label_stats import sum_statistics
 from fedweigh.server.quorum import secure_sum_quorum, server_floor
-from fedweigh.server.rounds import (
-    ClientResult,
-    PlaintextBackend,
-    RoundStep,
+from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.server.safeguards import (
+    Safeguards,
     direction_outliers,
     norm_scales,
     objecting_sites,
@@ -58,7 +57,9 @@ def result(
 
 def run(scheme: str = "fedavg", results=None, g=None, t: int = 1, step: RoundStep | None = None, **options):
     g = g if g is not None else g0()
-    step = step or RoundStep(get_scheme(scheme), PlaintextBackend(g), num_rounds=3, **options)
+    step = step or RoundStep(
+        get_scheme(scheme), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(**options)
+    )
     results = results if results is not None else [result(s, honest(s, g)) for s in SITES]
     return step.run(t, results, [r.site for r in results]), step
 
@@ -158,9 +159,7 @@ def test_plaintext_feddraw_computes_the_similarity_itself():
             get_scheme("feddraw", **literal),
             PlaintextBackend(g),
             num_rounds=4,
-            max_share=None,
-            update_norm_bound=None,
-            min_update_cosine=None,
+            safeguards=Safeguards.off(),
         )
         outcome, _ = run(results=results, step=step, t=3)
         assert list(outcome.weights.values()) == pytest.approx(list(weights[-1]), abs=1e-12)
@@ -184,7 +183,9 @@ def test_a_forged_scalar_takes_at_most_half_the_weight_by_default(
     results.append(result("site-4", honest("site-4", g), scalars={scalar: forged}))
 
     def weight(**kw):
-        step = RoundStep(get_scheme(scheme, **options), PlaintextBackend(g), num_rounds=3, **kw)
+        step = RoundStep(
+            get_scheme(scheme, **options), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(**kw)
+        )
         return run(results=results, step=step)[0].weights["site-4"]
 
     assert weight(max_share=None) > 0.6  # what the forged scalar would buy without the cap
@@ -379,12 +380,22 @@ def test_an_he_chunk_at_another_scale_excludes_only_its_site(contexts):
 def test_an_encrypted_sum_needs_its_quorum(contexts):
     secret, public = contexts
     g = g0()
-    step = RoundStep(get_scheme("fedavg"), EncryptedGlobalModel(public, g), num_rounds=2, min_secure_sum=3)
+    step = RoundStep(
+        get_scheme("fedavg"),
+        EncryptedGlobalModel(public, g),
+        num_rounds=2,
+        safeguards=Safeguards(min_secure_sum=3),
+    )
     outcome, _ = run(results=_he_results(secret, g, SITES[:2]), step=step)
     assert not outcome.updated and "fewer than the 3" in outcome.reason
     assert step.backend.contributions == 0  # nothing was summed, so nothing can be decrypted
     # a site whose policy asks for more than the round has is left out; the rest go ahead
-    step = RoundStep(get_scheme("fedavg"), EncryptedGlobalModel(public, g), num_rounds=2, min_secure_sum=2)
+    step = RoundStep(
+        get_scheme("fedavg"),
+        EncryptedGlobalModel(public, g),
+        num_rounds=2,
+        safeguards=Safeguards(min_secure_sum=2),
+    )
     results = _he_results(secret, g, SITES, minimums={"site-1": 9})
     outcome, _ = run(results=results, step=step)
     assert outcome.updated and set(outcome.weights) == {"site-2", "site-3", "site-4"}

@@ -1,14 +1,12 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
-from fedweigh.server.rounds import (
-    ClientResult,
-    PlaintextBackend,
-    RoundStep,
-    cap_weights,
-    mean_metrics,
-    sample_sites,
-)
+from fedweigh.errors import ConfigError
+from fedweigh.server.loop import sample_sites
+from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep, mean_metrics
+from fedweigh.server.safeguards import AcceptedDigests, Safeguards, cap_weights
 from fedweigh.weighting import get_scheme
 
 
@@ -48,7 +46,8 @@ def _result(site: str, n: int, w: np.ndarray) -> ClientResult:
 
 def _round(scheme, g, results, max_share=None):
     # the updates here are opposite on purpose: no direction check
-    step = RoundStep(scheme, PlaintextBackend(g), num_rounds=3, max_share=max_share, min_update_cosine=None)
+    safeguards = Safeguards(max_share=max_share, min_update_cosine=None)
+    step = RoundStep(scheme, PlaintextBackend(g), num_rounds=3, safeguards=safeguards)
     return step.run(1, results, [r.site for r in results])
 
 
@@ -86,7 +85,9 @@ def test_round_step_leaves_out_a_site_with_an_impossible_step_count(steps):
         ClientResult("site-2", {"w": np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 2}),
         ClientResult("site-3", {"w": -np.ones(3)}, {"num_samples": 10, "NUM_STEPS_CURRENT_ROUND": steps}),
     ]
-    step = RoundStep(get_scheme("fednova"), PlaintextBackend(g), num_rounds=3, min_clients=2)
+    step = RoundStep(
+        get_scheme("fednova"), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(min_clients=2)
+    )
     outcome = step.run(1, results, ["site-1", "site-2", "site-3"])
     assert set(outcome.excluded) == {"site-3"}
     assert "NUM_STEPS_CURRENT_ROUND" in outcome.excluded["site-3"]
@@ -119,3 +120,64 @@ def test_a_round_does_not_depend_on_the_order_in_which_results_arrive():
         assert other.weights == first.weights
         assert other.metrics == first.metrics
         np.testing.assert_array_equal(other.params["w"], first.params["w"])
+
+
+def test_a_round_step_is_fixed_at_construction():
+    """Every input of a step is given to its constructor: nothing can be set on it afterwards, and its
+    safeguards are frozen (an adapter that changed a step after building it would fail here)."""
+    step = RoundStep(get_scheme("fedavg"), PlaintextBackend({}), num_rounds=2)
+    for name, value in (
+        ("safeguards", Safeguards(min_clients=3)),
+        ("min_secure_sum", 5),
+        ("digests", AcceptedDigests()),
+        ("num_rounds", 3),
+    ):
+        with pytest.raises(AttributeError, match="fixed at construction"):
+            setattr(step, name, value)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.safeguards.min_secure_sum = 5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.safeguards.limits.max_num_samples = 1  # type: ignore[misc]
+    assert step.safeguards == Safeguards() and step.num_rounds == 2
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("max_share", 1.5),
+        ("max_share", "half"),
+        ("update_norm_bound", 0.5),
+        ("min_update_cosine", 2.0),
+        ("min_secure_sum", 1),
+        ("min_clients", 0),
+    ],
+)
+def test_every_entry_point_refuses_a_bad_safeguard_with_the_same_rule(option, value):
+    """One rule per option (fedweigh.checks.check_server_values), one error style, wherever it is set:
+    the round step's Safeguards, the controller, the stock-FedAvg aggregator, a recipe and the bench."""
+    from fedweigh.bench import make_config
+    from fedweigh.bench.config import bench_safeguards
+    from fedweigh.flare.aggregator import FedweighAggregator
+    from fedweigh.flare.controller import FedweighController
+    from fedweigh.flare.recipes import FedweighRecipe
+
+    entry_points = {
+        "round safeguards": lambda: Safeguards(**{option: value}),
+        "FedweighController": lambda: FedweighController(**{option: value}),
+        "bench": lambda: make_config(
+            "smoke", "synthcxr", safeguards=bench_safeguards("deploy", **{option: value})
+        ),
+    }
+    if option not in ("min_secure_sum",):
+        entry_points["FedweighAggregator"] = lambda: FedweighAggregator(**{option: value})
+    entry_points["recipe 'r'"] = lambda: FedweighRecipe(name="r", **{option: value})
+    allowed = set()
+    for source, build in entry_points.items():
+        with pytest.raises(ConfigError) as info:
+            build()
+        assert info.value.field == option and info.value.value == value, source
+        # a recipe checks the options it reads itself; the others, the controller it builds
+        sources = (source, "FedweighController") if source.startswith("recipe") else (source,)
+        assert str(info.value).startswith(tuple(f"{s}: {option} = " for s in sources)), str(info.value)
+        allowed.add(info.value.allowed)
+    assert len(allowed) == 1, allowed  # the same rule said the same way everywhere

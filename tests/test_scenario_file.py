@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedweigh.bench.runner import make_config, run_bench, settings_hash
+from fedweigh.bench.cells import settings_hash
+from fedweigh.bench.config import make_config
+from fedweigh.bench.runner import run_bench
 from fedweigh.data.scenario_file import load_scenario_file
 from fedweigh.data.scenarios import Scenario, build_federation, get_scenario, partition_indices
 from fedweigh.data.synthcxr import sample_synthcxr_labels

@@ -21,6 +21,7 @@ from fedweigh.secure.updates import (
 )
 from fedweigh.server.encrypted import EncryptedGlobalModel
 from fedweigh.server.rounds import ClientResult, RoundStep
+from fedweigh.server.safeguards import Safeguards
 from fedweigh.weighting import ClientReport, HEIncompatibleScheme, get_scheme
 
 TOL = 1e-4  # CKKS (scale 2^40) error is about 1e-7 on values ~0.1; float32 storage adds ~1e-8
@@ -85,7 +86,9 @@ def he_round(server: EncryptedGlobalModel, ctx, reference, sites, reports, schem
         for r in reports
     ]
     # the scheme's own weights, uncapped, as the plaintext path computes them
-    update = RoundStep(scheme, server, num_rounds=num_rounds, max_share=None).run(t, results)
+    update = RoundStep(scheme, server, num_rounds=num_rounds, safeguards=Safeguards(max_share=None)).run(
+        t, results
+    )
     assert update.updated, update.reason
     new_global, _ = decode_global(ctx, server.task_params(), server.meta(), reference)
     return update, new_global, sent

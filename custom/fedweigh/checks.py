@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fedweigh.errors import ConfigError
+from fedweigh.protocol import ABSOLUTE_MIN
 
 #: Optimizers of the local training (fedweigh.train.OPTIMIZERS).
 OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
@@ -23,6 +24,8 @@ DP_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 DP_MODES: tuple[str, ...] = ("auto", "fast", "hooks", "functorch", "ghost")
 #: The smallest image side the models accept.
 MIN_SIZE = 8
+#: Label-statistics exchanges a run may hold before training (the controller's ``statistics``).
+STATISTICS_MODES: tuple[str, ...] = ("none", "plain", "secure")
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -191,13 +194,53 @@ def check_site_values(values: Mapping[str, Any], source: str) -> None:
 
 
 def check_recipe_values(values: Mapping[str, Any], source: str = "recipe") -> None:
-    """Check a recipe's own arguments (rounds, sites, sampling, statistics)."""
+    """Check a recipe's own arguments (its name, and the server's options it sets)."""
+    _Checker(source, values).text("name")
+    check_server_values(values, source)
+
+
+#: The server's integer options and their least values.
+_SERVER_INTEGERS: tuple[tuple[str, int], ...] = (
+    ("num_rounds", 1),
+    ("min_clients", 1),
+    ("min_secure_sum", ABSOLUTE_MIN),
+    ("train_timeout", 0),
+    ("memory_gc_rounds", 0),
+    ("eval_every", 1),
+)
+
+
+def check_server_values(values: Mapping[str, Any], source: str) -> None:
+    """Check the server's options among ``values`` (those present; other keys are not read).
+
+    One rule per option, wherever it is set: the recipes, ``FedweighController``,
+    ``FedweighAggregator``, the round step's ``Safeguards`` (:mod:`fedweigh.server.safeguards`) and
+    the bench. ``stop_after`` is checked against ``num_rounds`` when both are given.
+    """
     c = _Checker(source, values)
-    c.text("name")
-    c.integer("num_rounds", 1)
-    c.integer("min_clients", 1)
-    c.number("sample_fraction", 0.0, 1.0)
-    c.choice("statistics", ("none", "plain", "secure"))
-    c.integer("train_timeout", 0)
-    if values.get("max_share") != "auto":  # "auto": the controller's default cap (docs/security.md)
-        c.number("max_share", 0.0, 1.0, optional=True)
+    for name, minimum in _SERVER_INTEGERS:
+        if name in values:
+            c.integer(name, minimum)
+    if "sample_fraction" in values:
+        c.number("sample_fraction", 0.0, 1.0)
+    if "statistics" in values:
+        c.choice("statistics", STATISTICS_MODES)
+    value = values.get("max_share")
+    if value not in ("auto", None) and not (_is_number(value) and 0.0 < value <= 1.0):
+        c.fail("max_share", "'auto' (the default cap), null (no cap) or a number in (0, 1]")
+    value = values.get("update_norm_bound")
+    if value is not None and not (_is_number(value) and value >= 1.0):
+        c.fail("update_norm_bound", "null (off) or a finite number >= 1")
+    value = values.get("min_update_cosine")
+    if value is not None and not (_is_number(value) and -1.0 <= value <= 1.0):
+        c.fail("min_update_cosine", "null (off) or a number in [-1, 1]")
+    value, rounds = values.get("stop_after"), values.get("num_rounds")
+    if value is not None and not (_is_int(value) and 1 <= value <= (rounds if _is_int(rounds) else value)):
+        c.fail("stop_after", f"null or an integer in 1..num_rounds={rounds}")
+    value = values.get("he_layers")
+    if value is not None and (
+        isinstance(value, str)
+        or not isinstance(value, (list, tuple))
+        or not all(isinstance(p, str) and p for p in value)
+    ):
+        c.fail("he_layers", "null (encrypt every floating-point array) or a list of non-empty patterns")

@@ -2,22 +2,41 @@
 
 ``KEY.npz`` holds the final model(s)' test predictions and is written first; ``KEY.json`` (the
 record, with the cell's settings hash) is written last, atomically, and marks the cell finished, so
-a rerun skips finished cells and an interrupted one is run again.
+a rerun skips finished cells and an interrupted one is run again. A stored cell is reused only while
+its :func:`settings_hash` (a digest of everything that determines its numbers) is unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from fedweigh.bench.config import BenchConfig, cell_args
 from fedweigh.io import atomic_write_npz, atomic_write_text
 
-__all__ = ["CELLS_DIR", "cell_key", "load_cell", "load_cell_scores", "store_cell"]
+__all__ = ["CELLS_DIR", "cell_key", "is_done", "load_cell", "load_cell_scores", "settings_hash", "store_cell"]
+
+logger = logging.getLogger("fedweigh.bench")
 
 CELLS_DIR = "cells"
+
+#: ClientArgs fields that do not change a cell's numbers (left out of its settings hash).
+_NOT_HASHED = ("threads", "eval_test", "compile")
+#: Settings added after cells were stored: in the digest only when not at this default, so stored
+#: cells stay valid.
+_HASHED_WHEN_CHANGED: dict[str, object] = {
+    "augment": False,
+    "pretrained": None,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "test_images": None,
+}
 
 
 def cell_key(scenario: str, method: str, seed: int) -> str:
@@ -52,3 +71,39 @@ def store_cell(cells_dir: Path, record: dict, scores: np.ndarray, labels: np.nda
     atomic_write_npz(cells_dir / f"{key}.npz", scores=scores.astype(np.float32), labels=labels)
     atomic_write_text(cells_dir / f"{key}.json", json.dumps(record, indent=1, default=float))
     return key
+
+
+def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) -> str:
+    """A digest of everything that determines a cell's numbers (a stored cell is reused only if equal)."""
+    spec = config.spec(method)
+    args = {
+        k: v
+        for k, v in asdict(cell_args(config, scenario, seed, spec)).items()
+        if k not in _NOT_HASHED and not (k in _HASHED_WHEN_CHANGED and v == _HASHED_WHEN_CHANGED[k])
+    }
+    guards = config.safeguards
+    payload = {
+        "client": args,
+        "rounds": config.rounds,
+        "sites": list(config.sites) if config.sites else None,
+        "min_clients": guards.min_clients,
+        "threshold": config.threshold,
+        "eval_every": config.eval_every,
+        "safeguards": [guards.max_share, guards.update_norm_bound, guards.min_update_cosine],
+        "method": spec.as_dict(),
+    }
+    if any(sc.name == scenario for sc in config.scenario_defs):  # a file's scenario: its definition
+        payload["scenario"] = asdict(config.scenario(scenario))
+    return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def is_done(cells_dir: Path, config: BenchConfig, scenario: str, method: str, seed: int) -> bool:
+    """Whether the cell is stored with the same settings (and its predictions file exists)."""
+    key = cell_key(scenario, method, seed)
+    record = load_cell(cells_dir, key)
+    if record is None or not (cells_dir / f"{key}.npz").is_file():
+        return False
+    if record.get("settings_hash") != settings_hash(config, scenario, method, seed):
+        logger.warning("%s: stored with other settings; running it again", key)
+        return False
+    return True

@@ -200,7 +200,8 @@ def main_bench(args: argparse.Namespace) -> int:
     import logging
     from dataclasses import replace
 
-    from fedweigh.bench.runner import engine_layout, make_config, run_bench
+    from fedweigh.bench.config import Tuning, bench_safeguards, make_config
+    from fedweigh.bench.runner import engine_layout, run_bench
     from fedweigh.errors import BenchError
 
     logging.basicConfig(level=logging.WARNING)
@@ -222,20 +223,20 @@ def main_bench(args: argparse.Namespace) -> int:
             threads=args.threads,
             loader_options=args.loader_options,
             eval_every=args.eval_every,
-            safeguards=args.safeguards,
-            **{
-                key: getattr(args, key)
-                for key in ("max_share", "update_norm_bound", "min_update_cosine")
-                if hasattr(args, key)
-            },
+            safeguards=bench_safeguards(
+                args.safeguards,
+                **{
+                    key: getattr(args, key)
+                    for key in ("max_share", "update_norm_bound", "min_update_cosine")
+                    if hasattr(args, key)
+                },
+            ),
             device=args.device,
             keep_optimizer=args.keep_optimizer,
             channels_last=args.channels_last,
             amp=args.amp,
             compile=args.compile,
-            tune=args.tune,
-            tune_scenario=args.tune_scenario,
-            tune_seed=args.tune_seed,
+            tuning=Tuning.given(args.tune, args.tune_scenario, args.tune_seed),
             scenario_files=args.scenario_file,
             test_images=args.test_images,
         )
@@ -253,7 +254,7 @@ def main_bench(args: argparse.Namespace) -> int:
         f"fedweigh bench: {config.dataset}, profile {config.profile}: {len(config.scenarios)} scenario(s) x "
         f"{len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {cells} cell(s), {config.rounds} rounds"
         + (
-            f" (+ {tuning} tuning cell(s) on {config.tune_scenario}, seed {config.tune_seed})"
+            f" (+ {tuning} tuning cell(s) on {config.tuning.scenario}, seed {config.tuning.seed})"
             if tuning
             else ""
         )

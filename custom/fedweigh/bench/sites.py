@@ -1,31 +1,36 @@
-"""The sites of one benchmark cell: trained in this process, or in parallel worker processes.
+"""The sites of one benchmark cell: trained in this process, or in parallel worker processes, and
+the round loop's in-process transport that drives them.
 
 :class:`LocalSites` holds one :class:`fedweigh.site.trainer.SiteTrainer` per site in this process;
 :class:`SitePool` spreads the sites over ``workers`` persistent processes (spawned once per process
 and reused by every cell that follows, one torch intra-op thread each; sites balanced by
-training-set size), so a cell's sites train in parallel. Both keep every site's trainer (model, optimizer state, DP account) for the whole cell and
-answer the same calls, so the federated loop of :mod:`fedweigh.bench.runner` does not know which it
-drives. Results are the same either way: each site trains with its own seeds, in its own process or
-not.
+training-set size), so a cell's sites train in parallel. Both keep every site's trainer (model,
+optimizer state, DP account) for the whole cell and answer the same calls, so
+:class:`InProcessSites`, the transport of :func:`fedweigh.server.loop.run_rounds` for the benchmark,
+does not know which it drives. Results are the same either way: each site trains with its own
+seeds, in its own process or not.
 """
 
 from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from fedweigh.arrays import Params
 from fedweigh.data.base import LabeledImages, SiteData
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
 from fedweigh.secure.stats_release import ReleasedHistogram
+from fedweigh.server.loop import TrainTask, Transport, ValidateTask
+from fedweigh.server.rounds import ClientResult
 from fedweigh.site.args import ClientArgs
 from fedweigh.site.trainer import RoundOutput, SiteTrainer
 from fedweigh.train import set_params
 
-__all__ = ["LocalSites", "SitePool", "balance", "make_sites", "site_pool"]
+__all__ = ["InProcessSites", "LocalSites", "SitePool", "balance", "make_sites", "site_pool", "site_result"]
 
 
 class LocalSites:
@@ -232,3 +237,41 @@ def make_sites(
     if workers <= 1 or len(sites) <= 1:
         return LocalSites(sites, test, args, threads=args.threads or None)
     return site_pool(min(workers, len(sites))).load(sites, test, args)
+
+
+def site_result(site: str, out: RoundOutput) -> ClientResult:
+    """A site's round as the NVFlare client script sends it (same meta keys)."""
+    meta = {META_NUM_SAMPLES: out.num_samples, META_NUM_STEPS: out.num_steps, META_SCALARS: out.scalars}
+    return ClientResult(site=site, params=out.params, meta=meta, metrics=out.metrics)
+
+
+class InProcessSites(Transport):
+    """The round loop's transport for the benchmark (:class:`fedweigh.server.loop.Transport`).
+
+    The cell's sites (:class:`LocalSites` or :class:`SitePool`) answer the loop's tasks as the NVFlare
+    client script does: a training task is each target's :meth:`SiteTrainer.run_round
+    <fedweigh.site.trainer.SiteTrainer.run_round>` (evaluating the received model only in the rounds
+    the loop scores), the final task every site's evaluation. ``score`` gives the server's own
+    metrics of a global model (the benchmark's global test set): one scoring instead of one by every
+    sampled site, which would score the same model on the same images.
+    """
+
+    def __init__(self, sites: LocalSites | SitePool, score: Callable[[Params], dict[str, float]]):
+        self.sites = sites
+        self.score = score
+
+    def site_names(self) -> list[str]:
+        return self.sites.names
+
+    def train(self, task: TrainTask) -> list[ClientResult]:
+        outs = self.sites.run_round(
+            task.targets, task.params, task.round_index, dict(task.plan), task.num_rounds, task.evaluate
+        )
+        return [site_result(site, out) for site, out in outs.items()]
+
+    def validate(self, task: ValidateTask) -> list[dict[str, float]]:
+        """Every site's metrics of the final model (in-process sites never refuse or fail to answer)."""
+        return self.sites.evaluate(task.params)
+
+    def global_metrics(self, params: Params) -> dict[str, float]:
+        return self.score(params)

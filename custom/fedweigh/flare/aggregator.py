@@ -26,18 +26,17 @@ from nvflare.app_common.app_constant import AppConstants
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.protocol import META_NUM_SAMPLES
-from fedweigh.server.rounds import (
+from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.server.safeguards import (
     DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
-    ClientResult,
-    PlaintextBackend,
-    RoundStep,
-    check_max_share,
-    check_min_update_cosine,
-    check_update_norm_bound,
+    AcceptedDigests,
+    Safeguards,
 )
 from fedweigh.weighting import get_scheme
 from fedweigh.weighting.base import WeightingScheme
+
+__all__ = ["FedweighAggregator", "check_stock_compatible"]
 
 
 def check_stock_compatible(scheme: WeightingScheme) -> None:
@@ -82,15 +81,18 @@ class FedweighAggregator(ModelAggregator):
         min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         super().__init__()
-        self.scheme = scheme
-        self.scheme_args = dict(scheme_args or {})
-        self.num_rounds = num_rounds
+        # every option is checked once, by its rule in fedweigh.checks (ConfigError naming it)
+        self._safeguards = Safeguards(
+            min_clients, max_share, update_norm_bound, min_update_cosine, source="FedweighAggregator"
+        )
+        # NVFlare exports a component from the constructor arguments it keeps as self.<argument>
+        self.scheme, self.scheme_args, self.num_rounds = scheme, dict(scheme_args or {}), num_rounds
         self.min_clients = min_clients
-        self.max_share = check_max_share(max_share)
-        self.update_norm_bound = check_update_norm_bound(update_norm_bound)
-        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
+        self.max_share = self._safeguards.max_share
+        self.update_norm_bound = self._safeguards.update_norm_bound
+        self.min_update_cosine = self._safeguards.min_update_cosine
         #: digests of every site's accepted results (a replayed result is refused in any later round)
-        self._seen_digests: dict[str, dict[str, int]] = {}
+        self._digests = AcceptedDigests()
         self._scheme = get_scheme(scheme, **self.scheme_args)
         check_stock_compatible(self._scheme)
         self._results: list[FLModel] = []
@@ -128,13 +130,10 @@ class FedweighAggregator(ModelAggregator):
             self._scheme,
             PlaintextBackend(global_params),
             num_rounds=self.num_rounds,
-            min_clients=self.min_clients,
-            max_share=self.max_share,
-            update_norm_bound=self.update_norm_bound,
-            min_update_cosine=self.min_update_cosine,
+            safeguards=self._safeguards,
+            digests=self._digests,
             log=self.warning,
         )
-        step.seen_digests = self._seen_digests
         outcome = step.run(round_index, [self._client_result(r) for r in results])
         if not outcome.updated:
             return FLModel(params_type=ParamsType.FULL, params=global_params or {})

@@ -1,11 +1,13 @@
 """FedweighController: NVFlare ``ModelController`` that weights clients with a fedweigh scheme.
 
-Per round t = 1..T, as NVFlare's own ``FedAvg`` does, with its round events (``ROUND_STARTED``,
-``BEFORE_AGGREGATION``, ``AFTER_AGGREGATION``) so that model selection and the other event-driven
-widgets work: sample sites, send the global model theta_g^{t-1} with the scheme's plan, and hand
-the results to :class:`fedweigh.server.rounds.RoundStep` (validate, weigh, cap, aggregate with the
-plaintext or CKKS backend). The scheme's math lives in :mod:`fedweigh.weighting`, the round in
-:mod:`fedweigh.server.rounds`; this module only wires them into NVFlare.
+The rounds are :func:`fedweigh.server.loop.run_rounds` (sample sites, send the global model
+theta_g^{t-1} with the scheme's plan, hand the results to :class:`fedweigh.server.rounds.RoundStep`,
+record), the loop the benchmark runs too; this module is its NVFlare transport,
+:class:`NVFlareTasks`: the tasks go out through ``broadcast_model``, and each round fires NVFlare's
+round events (``ROUND_STARTED``, ``BEFORE_AGGREGATION``, ``AFTER_AGGREGATION``), as its own ``FedAvg``
+does, so that model selection and the other event-driven widgets work. The scheme's math lives in
+:mod:`fedweigh.weighting`, the round in :mod:`fedweigh.server`; this module only wires them into
+NVFlare.
 
 After each round the global model is persisted through the job's persistor and the run state
 (round, scheme state, metric rows) to ``fedweigh_state.json`` + ``fedweigh_global.npz``, so a run
@@ -23,7 +25,7 @@ them theta_g^T.
 from __future__ import annotations
 
 import json
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,7 @@ from nvflare.app_common.workflows.model_controller import ModelController
 from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from fedweigh.arrays import Params, to_numpy_dict
+from fedweigh.checks import check_server_values
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.statistics import run_statistics_phase
 from fedweigh.io import atomic_write_npz, atomic_write_text
@@ -47,24 +50,23 @@ from fedweigh.protocol import (
     TASK_TRAIN,
     TASK_VALIDATE,
 )
+from fedweigh.server.loop import LoopSettings, TrainTask, Transport, ValidateTask, run_rounds
 from fedweigh.server.quorum import server_floor
 from fedweigh.server.records import RoundRecorder
-from fedweigh.server.rounds import (
-    DEFAULT_MIN_UPDATE_COSINE,
-    DEFAULT_UPDATE_NORM_BOUND,
-    AggregationBackend,
-    ClientResult,
-    PlaintextBackend,
-    RoundStep,
-    check_max_share,
-    check_min_update_cosine,
-    check_update_norm_bound,
-    mean_metrics,
-    sample_sites,
-)
+from fedweigh.server.rounds import AggregationBackend, ClientResult, PlaintextBackend, RoundOutcome, RoundStep
+from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND, Safeguards
 from fedweigh.server.validation import ResultLimits
 from fedweigh.weighting import get_scheme
+from fedweigh.weighting.base import WeightingScheme
 from fedweigh.weighting.geometry import use_model_buffers
+
+__all__ = [
+    "DEFAULT_MIN_SECURE_SUM",
+    "DEFAULT_TRAIN_TIMEOUT",
+    "FedweighController",
+    "NVFlareTasks",
+    "client_result",
+]
 
 #: Default ``train_timeout`` (seconds): a site silent for longer is left out of that task, so no
 #: single site can stall the job. Set it above the slowest round, site start-up included.
@@ -73,6 +75,18 @@ DEFAULT_TRAIN_TIMEOUT = 3600
 DEFAULT_MIN_SECURE_SUM = 3
 
 GLOBAL_NPZ = "fedweigh_global.npz"
+#: How the controller's option errors name their source.
+_SOURCE = "FedweighController"
+#: The controller's options checked by fedweigh.checks.check_server_values besides the safeguards.
+_RUN_OPTIONS = (
+    "num_rounds",
+    "sample_fraction",
+    "statistics",
+    "train_timeout",
+    "stop_after",
+    "memory_gc_rounds",
+    "he_layers",
+)
 HE_GLOBAL_NPZ = "fedweigh_he_global.npz"
 
 
@@ -126,7 +140,7 @@ class FedweighController(ModelController):
             or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear.
             None: encrypt every floating-point array.
         max_share: cap on any one site's share of a round's total weight (water-filling,
-            :func:`fedweigh.server.rounds.cap_weights`); bounds a site that inflates its sample count or
+            :func:`fedweigh.server.safeguards.cap_weights`); bounds a site that inflates its sample count or
             forges its statistics. ``"auto"`` (default): half the weight once three or more sites
             count. None: no cap.
         update_norm_bound: scale every array of an update down to this many times the median norm of
@@ -135,7 +149,7 @@ class FedweighController(ModelController):
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
             updates is below this while those agree with each other (plaintext updates, three or more
             sites; default 0: an update opposing a consensus of the others,
-            :func:`fedweigh.server.rounds.direction_outliers`); None: off.
+            :func:`fedweigh.server.safeguards.direction_outliers`); None: off.
         min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
             encrypted model aggregate) before anything is decrypted; at most the number of sites,
             never below 2; each site's policy may ask for more (default 3).
@@ -171,15 +185,9 @@ class FedweighController(ModelController):
         min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
-        # round then stands or falls on min_clients (see run())
+        # round then stands or falls on min_clients (the round step)
         super().__init__(persistor_id=persistor_id, ignore_result_error=True)
-
-        if num_rounds < 1:
-            raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-        if not 0.0 < sample_fraction <= 1.0:
-            raise ValueError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
-        if statistics not in ("none", "plain", "secure"):
-            raise ValueError(f"statistics must be 'none', 'plain' or 'secure', got {statistics!r}")
+        # NVFlare exports a component from the constructor arguments it keeps as self.<argument>
         self.num_rounds = num_rounds
         self.min_clients = min_clients
         self.scheme = scheme
@@ -192,43 +200,41 @@ class FedweighController(ModelController):
         self.seed = seed
         self.resume_from = resume_from
         self.max_num_samples = max_num_samples
-        self.max_share = check_max_share(max_share)
-        self.update_norm_bound = check_update_norm_bound(update_norm_bound)
-        self.min_update_cosine = check_min_update_cosine(min_update_cosine)
-        if isinstance(min_secure_sum, bool) or not isinstance(min_secure_sum, int) or min_secure_sum < 2:
-            raise ValueError(f"min_secure_sum must be an integer >= 2, got {min_secure_sum!r}")
-        self.min_secure_sum = min_secure_sum
-        if (
-            isinstance(train_timeout, bool)
-            or not isinstance(train_timeout, (int, float))
-            or train_timeout < 0
-        ):
-            raise ValueError(f"train_timeout must be a number of seconds >= 0, got {train_timeout!r}")
-        if stop_after is not None and not 1 <= stop_after <= num_rounds:
-            raise ValueError(f"stop_after must be in 1..num_rounds={num_rounds}, got {stop_after}")
-        self.stop_after = stop_after
-        if (
-            isinstance(memory_gc_rounds, bool)
-            or not isinstance(memory_gc_rounds, int)
-            or memory_gc_rounds < 0
-        ):
-            raise ValueError(f"memory_gc_rounds must be an integer >= 0, got {memory_gc_rounds!r}")
-        self.memory_gc_rounds = memory_gc_rounds
-        self._scheme = get_scheme(scheme, **self.scheme_args)  # fails at job creation on a bad name/option
-        if self._scheme.needs_global_histogram and statistics == "none":
-            raise ValueError(
-                f"scheme {scheme!r} needs the global label histogram: set statistics='secure' (or 'plain')"
-            )
         self.he = bool(he)
         self.he_layers = he_layers
-        if he_layers is not None and (
-            isinstance(he_layers, str) or not all(isinstance(p, str) and p for p in he_layers)
-        ):
-            raise ValueError(f"he_layers must be a list of non-empty patterns, got {he_layers!r}")
-        if he_layers and not self.he:
-            raise ValueError("he_layers selects the layers to encrypt: it needs he=True")
+        self.stop_after = stop_after
+        self.memory_gc_rounds = memory_gc_rounds
+        self.min_secure_sum = min_secure_sum
+        # every option is checked once, by its rule in fedweigh.checks (ConfigError naming it)
+        check_server_values({name: getattr(self, name) for name in _RUN_OPTIONS}, _SOURCE)
+        self._safeguards = Safeguards(
+            min_clients,
+            max_share,
+            update_norm_bound,
+            min_update_cosine,
+            min_secure_sum,
+            ResultLimits(max_num_samples=max_num_samples),
+            source=_SOURCE,
+        )
+        self.max_share = self._safeguards.max_share  # numbers as floats
+        self.update_norm_bound = self._safeguards.update_norm_bound
+        self.min_update_cosine = self._safeguards.min_update_cosine
+        self._scheme = self._job_scheme()
+
+    def _job_scheme(self) -> WeightingScheme:
+        """The job's weighting scheme; ValueError at job creation on a bad name or option, a scheme
+        that needs the global label histogram without a statistics phase, or one that cannot run
+        under HE (naming the scheme and the reason)."""
+        if self.he_layers and not self.he:
+            raise ValueError(f"{_SOURCE}: he_layers selects the layers to encrypt: it needs he=True")
+        scheme = get_scheme(self.scheme, **self.scheme_args)
+        if scheme.needs_global_histogram and self.statistics == "none":
+            raise ValueError(
+                f"scheme {self.scheme!r} needs the global label histogram: set statistics='secure' (or 'plain')"
+            )
         if self.he:
-            self._scheme.check_he()  # fails at job creation, naming the scheme and the reason
+            scheme.check_he()
+        return scheme
 
     # -- helpers -------------------------------------------------------------------------------
     def ask_sites(
@@ -245,34 +251,6 @@ class FedweighController(ModelController):
             timeout=self.train_timeout,
             wait_time_after_min_received=self.train_timeout,
         )
-
-    def _note_refusals(self, metas) -> None:
-        """Log every site that refuses a task under its site policy (``metas``: the results' meta);
-        remember whole-job refusals."""
-        for meta in metas:
-            if not isinstance(meta, dict) or not meta.get(META_REFUSED):
-                continue
-            site = str(meta.get("client_name", "?"))
-            reason = str(meta.get(META_REFUSED))
-            if meta.get(META_REFUSED_JOB):
-                if site not in self._refused:
-                    self.error(f"{site} refuses this job under its site policy: {reason}")
-                self._refused[site] = reason
-            else:
-                self.warning(f"{site} refuses this task under its site policy: {reason}")
-
-    def _enough_sites(self, all_sites: list[str]) -> bool:
-        """False (after ending the run with a fatal error naming the refusals) when the sites that
-        refused the job leave fewer than ``min_clients``."""
-        willing = [s for s in all_sites if s not in self._refused]
-        if len(willing) >= self.min_clients:
-            return True
-        reasons = "; ".join(f"{s}: {why}" for s, why in sorted(self._refused.items()))
-        self.panic(
-            f"only {len(willing)} site(s) take part, fewer than min_clients={self.min_clients}: refused by "
-            f"site policy: {reasons}"
-        )
-        return False
 
     def _out_dir(self) -> Path:
         return Path(self.get_app_dir())
@@ -338,24 +316,12 @@ class FedweighController(ModelController):
         )
         return he_model
 
-    def _start_round(self, t: int, backend: AggregationBackend) -> None:
-        """NVFlare's round bookkeeping, as its ``FedAvg`` does: the round (0-based) and, in plaintext,
-        the global model the sites receive in the context, then ``ROUND_STARTED``."""
-        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, t - 1, private=True, sticky=False)
-        if not backend.encrypted:
-            learnable = FLModelUtils.to_model_learnable(
-                FLModel(params_type=ParamsType.FULL, params=backend.task_params())
-            )
-            self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
-        self.event(AppEventType.ROUND_STARTED)
-
     # -- the workflow --------------------------------------------------------------------------
     def run(self) -> None:
         out_dir = self._out_dir()
         self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, self.num_rounds, private=True, sticky=False)
         start_round, rows = 1, []
         self._budget_id = str(self.fl_ctx.get_job_id() or "job")
-        self._refused: dict[str, str] = {}
         model = self.load_model()
         # the persistor's torch model names its buffers exactly (else the scheme's name rule applies)
         use_model_buffers(self._scheme, getattr(self.persistor, "model", None))
@@ -365,119 +331,186 @@ class FedweighController(ModelController):
                 model = FLModel(params_type=ParamsType.FULL, params=params)
             start_round = last + 1
             self.info(f"resuming from {self.resume_from} after round {last}")
-        backend = self._backend(to_numpy_dict(model.params))
+        all_sites = [c.name for c in self.engine.get_clients()]
+        floor = server_floor(self.min_secure_sum, len(all_sites))
         step = RoundStep(
             self._scheme,
-            backend,
+            self._backend(to_numpy_dict(model.params)),
             num_rounds=self.num_rounds,
-            min_clients=self.min_clients,
-            max_share=self.max_share,
-            limits=ResultLimits(max_num_samples=self.max_num_samples),
-            update_norm_bound=self.update_norm_bound,
-            min_update_cosine=self.min_update_cosine,
+            safeguards=replace(self._safeguards, min_secure_sum=floor, source=_SOURCE),
             log=self.warning,
         )
         recorder = RoundRecorder(out_dir, self.scheme, rows)
-        all_sites = [c.name for c in self.engine.get_clients()]
-        floor = server_floor(self.min_secure_sum, len(all_sites))
-        step.min_secure_sum = floor
         plan = {**step.plan(self.scheme, self.scheme_args), "budget_id": self._budget_id}
         self.info(f"privacy budget id {self._budget_id!r}; secure sums need at least {floor} contributions")
-
+        tasks = NVFlareTasks(self, all_sites, out_dir)
         if self.statistics != "none" and (
             self._scheme.needs_global_histogram or self.loss_needs_global_stats
         ):
             collected = run_statistics_phase(self, sorted(all_sites), self.statistics, floor, plan)
-            self._note_refusals({"client_name": s, **m} for s, m in collected.items() if isinstance(m, dict))
-            if not self._enough_sites(all_sites):
+            tasks.note_refusals({"client_name": s, **m} for s, m in collected.items() if isinstance(m, dict))
+            if not tasks.enough_sites():
                 recorder.close()
                 return
-
-        stopped = False
-        for t in range(start_round, self.num_rounds + 1):
-            if self.stop_after is not None and t > self.stop_after:
-                self.info(
-                    f"stopping after round {self.stop_after} as configured; continue this run with "
-                    f"resume_from={str(out_dir)!r}"
-                )
-                stopped = True
-                break
-            if self.abort_signal and self.abort_signal.triggered:
-                self.info("abort signal received; stopping")
-                break
-            t0 = time.perf_counter()
-            self._start_round(t, backend)
-            willing = [s for s in all_sites if s not in self._refused]
-            targets = sample_sites(willing, self.sample_fraction, self.min_clients, self.seed, t)
-            self.info(f"round {t}/{self.num_rounds}: sites {targets}")
-            task_model = FLModel(
-                params_type=ParamsType.FULL,
-                params=backend.task_params(),
-                current_round=t - 1,  # NVFlare counts rounds from 0
-                total_rounds=self.num_rounds,
-                meta={META_PLAN: plan, **backend.task_meta()},
-            )
-            results = self.ask_sites(TASK_TRAIN, task_model, targets, self.min_clients)
-            self._note_refusals(r.meta for r in results)
-            self.event(AppEventType.BEFORE_AGGREGATION)
-            outcome = step.run(t, [client_result(r) for r in results], targets)
-            for site, reason in self._refused.items():
-                if site not in targets:
-                    outcome.excluded.setdefault(site, f"{site} refused the job: {reason}")
-            results = task_model = None  # this round's client models
-            aggregated = FLModel(
-                params_type=ParamsType.FULL, params=outcome.params or {}, metrics=outcome.metrics
-            )
-            self.fire_event_with_data(
-                AppEventType.AFTER_AGGREGATION, self.fl_ctx, AppConstants.AGGREGATION_RESULT, aggregated
-            )
-            aggregated = None
-            if not self._enough_sites(all_sites):
-                recorder.add_outcome(outcome)
-                recorder.flush()
-                stopped = True
-                break
-            if not outcome.updated:
-                recorder.add_outcome(outcome)
-                recorder.flush()
-                continue
-            if self.memory_gc_rounds and t % self.memory_gc_rounds == 0:
-                cleanup_memory()
-            recorder.add_outcome(outcome, round_seconds=time.perf_counter() - t0, **_server_memory_mb())
-            self.info(f"round {t}: weights " + ", ".join(f"{k}={v:.3f}" for k, v in outcome.weights.items()))
-            if not backend.encrypted:  # under HE there is no plaintext model to persist
-                self.save_model(
-                    FLModel(
-                        params_type=ParamsType.FULL,
-                        params=backend.task_params(),
-                        current_round=t - 1,
-                        total_rounds=self.num_rounds,
-                    )
-                )
-            self._save_state(out_dir, t, backend, recorder.rows)
-            recorder.flush()
-
-        if not stopped and (self.evaluate_final or backend.encrypted):
-            # under HE this task delivers theta_g^T to the sites
-            final = FLModel(
-                params_type=ParamsType.FULL,
-                params=backend.task_params(),
-                current_round=self.num_rounds,
-                meta=backend.task_meta(),
-            )
-            willing = sorted(s for s in all_sites if s not in self._refused)
-            results = self.ask_sites(TASK_VALIDATE, final, willing, 1)
-            self._note_refusals(r.meta for r in results)
-            ok = [
-                r
-                for r in results
-                if isinstance(r.meta, dict) and r.metrics and r.meta.get(META_NUM_SAMPLES) is not None
-            ]
-            ok.sort(key=lambda r: str((r.meta or {}).get("client_name", "")))  # site order, as each round
-            if ok:
-                recorder.set_metrics(self.num_rounds, mean_metrics([r.metrics or {} for r in ok]))
-        recorder.flush()
+        settings = LoopSettings(
+            self.sample_fraction, self.seed, start_round, evaluate_final=self.evaluate_final
+        )
+        run_rounds(step, tasks, recorder, plan, settings, log=self.info)
         for path in recorder.plot():
             self.info(f"wrote {path}")
         recorder.close()
         self.info(f"metrics: {out_dir}")
+
+
+class NVFlareTasks(Transport):
+    """The round loop's NVFlare transport (:class:`fedweigh.server.loop.Transport`) for one run of
+    :class:`FedweighController`.
+
+    Tasks go out through the controller's :meth:`~FedweighController.ask_sites` (``train_timeout``);
+    each round sets NVFlare's round properties and fires its round events; a round that changed the
+    global model is persisted (the job's persistor, in plaintext) with the run state, and every
+    ``memory_gc_rounds`` rounds the memory is returned to the system. Sites that refuse the job under
+    their site policy take no further part; the run ends with a fatal error when fewer than
+    ``min_clients`` remain. ``stop_after`` and NVFlare's abort signal end the run early.
+    """
+
+    def __init__(self, controller: FedweighController, sites: list[str], out_dir: Path):
+        self.controller = controller
+        self.sites = list(sites)
+        self.out_dir = out_dir
+        #: sites that refused the whole job under their site policy, with the reason
+        self.refused: dict[str, str] = {}
+        self._targets: list[str] = []  # the sites of the round under way
+
+    # -- the site policies' refusals ---------------------------------------------------------------
+    def note_refusals(self, metas) -> None:
+        """Log every site that refuses a task under its site policy (``metas``: the results' meta);
+        remember whole-job refusals."""
+        c = self.controller
+        for meta in metas:
+            if not isinstance(meta, dict) or not meta.get(META_REFUSED):
+                continue
+            site = str(meta.get("client_name", "?"))
+            reason = str(meta.get(META_REFUSED))
+            if meta.get(META_REFUSED_JOB):
+                if site not in self.refused:
+                    c.error(f"{site} refuses this job under its site policy: {reason}")
+                self.refused[site] = reason
+            else:
+                c.warning(f"{site} refuses this task under its site policy: {reason}")
+
+    def enough_sites(self) -> bool:
+        """False (after ending the run with a fatal error naming the refusals) when the sites that
+        refused the job leave fewer than ``min_clients``."""
+        c = self.controller
+        if len(self.site_names()) >= c.min_clients:
+            return True
+        reasons = "; ".join(f"{s}: {why}" for s, why in sorted(self.refused.items()))
+        c.panic(
+            f"only {len(self.site_names())} site(s) take part, fewer than min_clients={c.min_clients}: "
+            f"refused by site policy: {reasons}"
+        )
+        return False
+
+    # -- the tasks -----------------------------------------------------------------------------------
+    def site_names(self) -> list[str]:
+        return [s for s in self.sites if s not in self.refused]
+
+    def train(self, task: TrainTask) -> list[ClientResult]:
+        c = self.controller
+        self._targets = list(task.targets)
+        model = FLModel(
+            params_type=ParamsType.FULL,
+            params=task.params,
+            current_round=task.round_index - 1,  # NVFlare counts rounds from 0
+            total_rounds=task.num_rounds,
+            meta={META_PLAN: dict(task.plan), **task.meta},
+        )
+        results = c.ask_sites(TASK_TRAIN, model, task.targets, c.min_clients)
+        self.note_refusals(r.meta for r in results)
+        return [client_result(r) for r in results]
+
+    def validate(self, task: ValidateTask) -> list[dict]:
+        # under HE this task delivers theta_g^T to the sites
+        final = FLModel(
+            params_type=ParamsType.FULL,
+            params=task.params,
+            current_round=task.num_rounds,
+            meta=dict(task.meta),
+        )
+        results = self.controller.ask_sites(TASK_VALIDATE, final, task.targets, 1)
+        self.note_refusals(r.meta for r in results)
+        ok = [
+            r
+            for r in results
+            if isinstance(r.meta, dict) and r.metrics and r.meta.get(META_NUM_SAMPLES) is not None
+        ]
+        ok.sort(key=lambda r: str((r.meta or {}).get("client_name", "")))  # site order, as each round
+        return [r.metrics or {} for r in ok]
+
+    # -- around each round -------------------------------------------------------------------------
+    def stop_before(self, round_index: int) -> bool:
+        c = self.controller
+        if c.stop_after is None or round_index <= c.stop_after:
+            return False
+        c.info(
+            f"stopping after round {c.stop_after} as configured; continue this run with "
+            f"resume_from={str(self.out_dir)!r}"
+        )
+        return True
+
+    def aborted(self) -> bool:
+        return bool(self.controller.abort_signal and self.controller.abort_signal.triggered)
+
+    def round_started(self, round_index: int, backend: AggregationBackend) -> None:
+        """NVFlare's round bookkeeping, as its ``FedAvg`` does: the round (0-based) and, in plaintext,
+        the global model the sites receive in the context, then ``ROUND_STARTED``."""
+        c = self.controller
+        c.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, round_index - 1, private=True, sticky=False)
+        if not backend.encrypted:
+            learnable = FLModelUtils.to_model_learnable(
+                FLModel(params_type=ParamsType.FULL, params=backend.task_params())
+            )
+            c.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+        c.event(AppEventType.ROUND_STARTED)
+
+    def before_aggregation(self, round_index: int) -> None:
+        self.controller.event(AppEventType.BEFORE_AGGREGATION)
+
+    def after_aggregation(self, round_index: int, outcome: RoundOutcome) -> bool:
+        """``AFTER_AGGREGATION`` with the aggregate; the sites that refused the job are recorded as left
+        out; False when too few sites remain."""
+        c = self.controller
+        for site, reason in self.refused.items():
+            if site not in self._targets:
+                outcome.excluded.setdefault(site, f"{site} refused the job: {reason}")
+        aggregated = FLModel(
+            params_type=ParamsType.FULL, params=outcome.params or {}, metrics=outcome.metrics
+        )
+        c.fire_event_with_data(
+            AppEventType.AFTER_AGGREGATION, c.fl_ctx, AppConstants.AGGREGATION_RESULT, aggregated
+        )
+        return self.enough_sites()
+
+    def free_memory(self, round_index: int) -> None:
+        every = self.controller.memory_gc_rounds
+        if every and round_index % every == 0:
+            cleanup_memory()
+
+    def round_values(self) -> dict[str, float]:
+        return _server_memory_mb()
+
+    def round_saved(self, round_index: int, backend: AggregationBackend, rows: list[dict]) -> None:
+        """The global model to the job's persistor (plaintext only: under HE there is none) and the run
+        state to the app folder."""
+        c = self.controller
+        if not backend.encrypted:
+            c.save_model(
+                FLModel(
+                    params_type=ParamsType.FULL,
+                    params=backend.task_params(),
+                    current_round=round_index - 1,
+                    total_rounds=c.num_rounds,
+                )
+            )
+        c._save_state(self.out_dir, round_index, backend, rows)

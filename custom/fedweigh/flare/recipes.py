@@ -34,7 +34,7 @@ from fedweigh.errors import ConfigError
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
-from fedweigh.server.rounds import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
+from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 from fedweigh.site.args import ClientArgs
 
 #: The script ScriptRunner ships in the job's custom/ folder; it imports the installed package.

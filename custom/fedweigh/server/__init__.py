@@ -1,6 +1,10 @@
 """The server's round: check, weigh, cap and aggregate the sites' results, and record what happened.
 
-- :mod:`fedweigh.server.rounds`: :class:`~fedweigh.server.rounds.RoundStep` and its backends;
+- :mod:`fedweigh.server.loop`: :func:`~fedweigh.server.loop.run_rounds`, the rounds of a run (the NVFlare
+  controller and the benchmark drive it, each with its transport);
+- :mod:`fedweigh.server.rounds`: :class:`~fedweigh.server.rounds.RoundStep`, one round, and its backends;
+- :mod:`fedweigh.server.safeguards`: :class:`~fedweigh.server.safeguards.Safeguards`, the round step's
+  settings, and the weight cap, norm bound, direction check and replay store they drive;
 - :mod:`fedweigh.server.validation`: the checks of one client result;
 - :mod:`fedweigh.server.quorum`: how many contributions a secure sum needs;
 - :mod:`fedweigh.server.label_stats`: the server's side of the label-statistics phase;

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResultLimits:
     """Plausibility bounds for client results."""
 

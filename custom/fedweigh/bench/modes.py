@@ -1,0 +1,230 @@
+"""One benchmark cell, in one of three modes: federated, centralized or local training.
+
+A federated cell does what ``nvflare simulator`` does with the method's recipe, on the same code:
+the sites are :class:`fedweigh.site.trainer.SiteTrainer` objects (the NVFlare client script drives the
+same class) and the rounds are :func:`fedweigh.server.loop.run_rounds` (the
+:class:`~fedweigh.flare.controller.FedweighController` runs the same loop), here with the in-process
+transport :class:`fedweigh.bench.sites.InProcessSites`. Per round t = 1..T: sample sites, send
+theta_g^{t-1} with the scheme's plan (a site evaluates it, trains on it and reports), check every
+result as the controller does, record the mean of the sites' metrics on theta_g^{t-1} as row t - 1,
+then weight and aggregate into theta_g^t. After round T every site evaluates theta_g^T (row T), as the
+controller's final ``validate`` task.
+
+One difference that changes no number: the global test set is scored once per round on theta_g^{t-1}
+instead of once by every sampled site (each site would score the same model on the same images).
+The references: ``centralized`` trains one model on all sites' data pooled, ``local`` trains each
+site alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+import numpy as np
+
+from fedweigh.bench.cells import cell_key, settings_hash
+from fedweigh.bench.config import BenchConfig, cell_args
+from fedweigh.bench.federations import federation_for, pool_sites, without_test
+from fedweigh.bench.sites import InProcessSites, make_sites
+from fedweigh.data.base import Federation, LabeledImages
+from fedweigh.histograms import global_stats_of
+from fedweigh.methods import MethodSpec
+from fedweigh.metrics import youden_thresholds
+from fedweigh.server.loop import LoopSettings, run_rounds
+from fedweigh.server.records import RoundRecorder
+from fedweigh.server.rounds import PlaintextBackend, RoundStep, mean_metrics
+from fedweigh.site.args import ClientArgs
+from fedweigh.site.trainer import SiteTrainer, build_site_model
+from fedweigh.train import evaluate, get_params, predict, set_params
+from fedweigh.weighting.geometry import use_model_buffers
+
+__all__ = ["TestScorer", "run_cell", "run_centralized", "run_federated", "run_local"]
+
+logger = logging.getLogger("fedweigh.bench")
+
+
+class TestScorer:
+    """Scores parameter sets on the global test set with one model of the cells' architecture.
+
+    threshold "youden": multi-label predictions use per-finding thresholds maximising Youden's J on
+    ``val`` (the union of the sites' validation splits) for the model being scored.
+    ``score_test=False`` (tuning cells): :meth:`metrics` returns nothing and the test set is never read.
+    """
+
+    __test__ = False  # not a pytest class
+
+    def __init__(
+        self,
+        args: ClientArgs,
+        test: LabeledImages,
+        val: LabeledImages,
+        threshold: str,
+        score_test: bool = True,
+    ):
+        self.test = test
+        self.val = val
+        self.threshold = threshold
+        self.score_test = score_test
+        self.model = build_site_model(args, val)  # the shapes only: val and test have the same
+
+    def initial_params(self) -> dict[str, np.ndarray]:
+        """theta_g^0: the model built from the seed, as the NVFlare persistor builds FedweighNet(seed=...)."""
+        return get_params(self.model)
+
+    def _thresholds(self) -> float | np.ndarray:
+        if self.threshold != "youden" or self.test.task != "multilabel":
+            return 0.5
+        return youden_thresholds(self.val.labels, predict(self.model, self.val))
+
+    def metrics(self, params: dict[str, np.ndarray]) -> dict[str, float]:
+        """``test_*`` metrics of ``params`` (the keys a site's evaluate() reports); {} without test scoring."""
+        if not self.score_test:
+            return {}
+        set_params(self.model, params)
+        return {
+            f"test_{k}": v for k, v in evaluate(self.model, self.test, threshold=self._thresholds()).items()
+        }
+
+    def scores(self, params: dict[str, np.ndarray]) -> np.ndarray:
+        if not self.score_test:
+            return np.zeros((0, self.test.num_classes), dtype=np.float32)
+        set_params(self.model, params)
+        return predict(self.model, self.test)
+
+
+def run_federated(
+    spec: MethodSpec, fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
+) -> tuple[list[dict], np.ndarray]:
+    """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C))."""
+    scheme = spec.make_scheme()
+    scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
+    use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
+    backend = PlaintextBackend(scorer.initial_params())
+    step = RoundStep(
+        scheme, backend, num_rounds=config.rounds, safeguards=config.safeguards, log=logger.warning
+    )
+    sites = make_sites(fed.sites, fed.test, args, config.site_workers)
+    recorder = RoundRecorder(None, str(spec.scheme))
+    loop = LoopSettings(fed.sample_fraction, args.seed, eval_every=config.eval_every)
+    try:
+        if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
+            # each site contributes what it may release (noised when statistics DP is on), as its client does
+            releases = sites.released_statistics().values()
+            sites.set_global_stats(
+                global_stats_of((r.class_counts, r.num_samples) for r in releases).as_dict()
+            )
+        plan = step.plan(str(spec.scheme), spec.scheme_args)
+        run_rounds(step, InProcessSites(sites, scorer.metrics), recorder, plan, loop, log=logger.info)
+    finally:
+        sites.close()
+    return _plain_rows(recorder.rows), scorer.scores(backend.task_params())[None]
+
+
+def _plain_rows(rows: list[dict]) -> list[dict]:
+    """Rows as the benchmark stores them: without the controller's per-round bookkeeping keys."""
+    return [
+        {k: v for k, v in row.items() if k not in ("excluded", "global_updated", "bounded")} for row in rows
+    ]
+
+
+def run_centralized(
+    fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
+) -> tuple[list[dict], np.ndarray]:
+    """One trainer on all sites' data pooled, T rounds of the same local training as a site."""
+    rounds = config.rounds
+    pooled = pool_sites(fed.sites)
+    trainer = SiteTrainer(pooled, fed.test, args, threads=args.threads or None)
+    scorer = TestScorer(args, fed.test, pooled.val, config.threshold, score_test)
+    params = scorer.initial_params()
+    rows = RoundRecorder(None, "centralized")
+    loop = LoopSettings(eval_every=config.eval_every)
+    for t in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        scored = loop.scored(t)
+        out = trainer.run_round(params, t - 1, {}, total_rounds=rounds, evaluate_received=scored)
+        rows.set_metrics(t - 1, {**out.metrics, **(scorer.metrics(params) if scored else {})})
+        params = out.params
+        rows.set_metrics(t, {"round_seconds": time.perf_counter() - t0})
+    set_params(trainer.model, params)
+    rows.set_metrics(rounds, {**trainer.evaluate(), **scorer.metrics(params)})
+    return rows.rows, scorer.scores(params)[None]
+
+
+def run_local(
+    fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
+) -> tuple[list[dict], np.ndarray]:
+    """Each site trains alone for T rounds. Rows hold the mean over sites of each site's own model:
+    validation metrics every round, test metrics at round 0 (the shared theta^0) and round T only
+    (scoring K models on the test set every round would cost more than the training)."""
+    rounds = config.rounds
+    trainers = {s.name: SiteTrainer(s, fed.test, args, threads=args.threads or None) for s in fed.sites}
+    scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
+    initial = scorer.initial_params()
+    params = {name: initial for name in trainers}
+    rows = RoundRecorder(None, "local")
+    rows.set_metrics(0, scorer.metrics(initial))
+    loop = LoopSettings(eval_every=config.eval_every)
+    for t in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        val = []
+        scored = loop.scored(t)
+        for name, trainer in trainers.items():
+            out = trainer.run_round(params[name], t - 1, {}, total_rounds=rounds, evaluate_received=scored)
+            val.append(out.metrics)
+            params[name] = out.params
+        rows.set_metrics(t - 1, mean_metrics(val))
+        rows.set_metrics(t, {"round_seconds": time.perf_counter() - t0})
+    val, test = [], []
+    for name, trainer in trainers.items():
+        set_params(trainer.model, params[name])
+        val.append(trainer.evaluate())
+        test.append(scorer.metrics(params[name]))
+    rows.set_metrics(rounds, {**mean_metrics(val), **mean_metrics(test)})
+    return rows.rows, np.stack([scorer.scores(params[name]) for name in trainers])
+
+
+def run_cell(
+    config: BenchConfig, scenario: str, method: str, seed: int, validation_only: bool = False
+) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Run one cell; returns (record, scores (S, N, C) of the final model(s) on the test set, test labels).
+
+    The record holds ``rows`` in the controller's format: ``round`` (0 = initial model), the mean
+    site metrics (``val_*``, ``train_loss``), the test metrics (``test_*``), and for training rounds
+    ``weights`` and the scheme's schedule values. ``validation_only`` (tuning cells): the cell runs
+    on the federation :func:`~fedweigh.bench.federations.without_test`, its rows hold no test metrics
+    and the scores are empty.
+    """
+    spec = config.spec(method)
+    args = cell_args(config, scenario, seed, spec)
+    fed = federation_for(config, scenario, seed)
+    if validation_only:
+        fed = without_test(fed)
+    score_test = not validation_only
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        # a small site's validation split under label skew lacks classes: scikit-learn says so per call
+        warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
+        if spec.kind == "federated":
+            rows, scores = run_federated(spec, fed, args, config, score_test)
+        elif spec.kind == "centralized":
+            rows, scores = run_centralized(fed, args, config, score_test)
+        else:
+            rows, scores = run_local(fed, args, config, score_test)
+    record = {
+        "key": cell_key(scenario, method, seed),
+        "dataset": config.dataset,
+        "scenario": scenario,
+        "method": method,
+        "seed": seed,
+        "settings_hash": settings_hash(config, scenario, method, seed),
+        **({"options": dict(config.tuned[method])} if config.tuned.get(method) else {}),
+        "task": fed.test.task,
+        "class_names": list(fed.test.class_names),
+        "sites": [s.name for s in fed.sites],
+        "rounds": config.rounds,
+        "rows": rows,
+        "seconds": time.perf_counter() - t0,
+    }
+    return record, scores, np.asarray(fed.test.labels)

@@ -1,0 +1,245 @@
+"""The round step's safeguards: what bounds a single site's influence on the global model.
+
+:class:`Safeguards` holds a run's settings (checked once, by :func:`fedweigh.checks.check_server_values`);
+the functions apply them to one round's results (docs/security.md lists the checks and the attacks
+they were measured against):
+
+- :func:`norm_scales`: an update whose norm exceeds ``update_norm_bound`` times the median norm of
+  the other sites' updates is scaled down to that bound (per array; plaintext only);
+- :func:`direction_outliers`: an update pointing away (cosine below ``min_update_cosine``) from a
+  consensus of the other sites' updates is left out (three or more updates; plaintext only);
+- :func:`cap_weights`: no site holds more than ``max_share`` of the round's weight
+  (:func:`resolve_max_share`: half of it by default once three or more sites count);
+- :class:`AcceptedDigests`: a result identical to one the site sent in an earlier round is a replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import InitVar, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedweigh.arrays import to_numpy
+from fedweigh.checks import check_server_values
+from fedweigh.errors import InvalidClientResult
+from fedweigh.protocol import ABSOLUTE_MIN
+from fedweigh.server.validation import ResultLimits
+
+__all__ = [
+    "AUTO_CAP_MIN_SITES",
+    "DEFAULT_MAX_SHARE",
+    "DEFAULT_MIN_UPDATE_COSINE",
+    "DEFAULT_UPDATE_NORM_BOUND",
+    "AcceptedDigests",
+    "Safeguards",
+    "cap_weights",
+    "direction_outliers",
+    "norm_scales",
+    "objecting_sites",
+    "params_digest",
+    "resolve_max_share",
+    "update_cosines",
+]
+
+#: ``max_share="auto"`` (the default): no site may hold more than this share of a round's weight
+#: once at least :data:`AUTO_CAP_MIN_SITES` sites count (with two, any unequal weighting gives one
+#: of them the majority, and the cap would force equal weights).
+DEFAULT_MAX_SHARE = 0.5
+AUTO_CAP_MIN_SITES = 3
+#: Default ``update_norm_bound``: every array of an update may be at most this many times the median
+#: norm of the same array in the other sites' updates of the round (larger ones are scaled down).
+DEFAULT_UPDATE_NORM_BOUND = 3.0
+#: Default ``min_update_cosine``: an update whose cosine with more than half of the other sites'
+#: updates is below this, while those agree with each other, is left out (three or more updates,
+#: plaintext; :func:`direction_outliers`).
+DEFAULT_MIN_UPDATE_COSINE = 0.0
+
+#: The options of :class:`Safeguards` that a job sets (``limits`` is the server's own).
+_OPTIONS = ("min_clients", "max_share", "update_norm_bound", "min_update_cosine", "min_secure_sum")
+
+
+@dataclass(frozen=True)
+class Safeguards:
+    """The round step's checks, fixed for a run.
+
+    Args:
+        min_clients: fewest valid results for the global model to change.
+        max_share: cap on any one site's share of the round's total weight: ``"auto"`` (default:
+            :data:`DEFAULT_MAX_SHARE` once three or more sites count), a number in (0, 1], or None
+            (no cap).
+        update_norm_bound: scale an update down to this many times the median norm of the other
+            sites' updates of the round (default :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off).
+            Plaintext only.
+        min_update_cosine: leave out an update whose cosine with more than half of the other sites'
+            updates is below this while no two of those are below it with each other (default
+            :data:`DEFAULT_MIN_UPDATE_COSINE`: one that opposes a consensus); from three updates on,
+            plaintext only. None: off.
+        min_secure_sum: under HE, the fewest updates an encrypted sum may hold (raised by the
+            minimum each contributing site announces; :func:`fedweigh.server.quorum.secure_sum_quorum`).
+        limits: plausibility bounds on counts and scalars.
+        source: who set the options, named by the error a bad one raises (not stored).
+
+    Each option is checked here, once, by :func:`fedweigh.checks.check_server_values` (a
+    :class:`~fedweigh.errors.ConfigError` naming ``source``, the option, the value and what is
+    allowed); numbers are stored as floats.
+    """
+
+    min_clients: int = 1
+    max_share: float | str | None = "auto"
+    update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND
+    min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE
+    min_secure_sum: int = ABSOLUTE_MIN
+    limits: ResultLimits = field(default_factory=ResultLimits)
+    source: InitVar[str] = "round safeguards"
+
+    def __post_init__(self, source: str) -> None:
+        check_server_values({name: getattr(self, name) for name in _OPTIONS}, source)
+        for name in ("max_share", "update_norm_bound", "min_update_cosine"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)):
+                object.__setattr__(self, name, float(value))
+
+    @classmethod
+    def off(cls, **given: Any) -> Safeguards:
+        """No weight cap, no norm bound, no direction check (the schemes as their papers define them);
+        ``given`` sets any option."""
+        return cls(**{"max_share": None, "update_norm_bound": None, "min_update_cosine": None, **given})
+
+    def cap(self, num_sites: int) -> float | None:
+        """The weight cap of a round in which ``num_sites`` sites count (:func:`resolve_max_share`)."""
+        return resolve_max_share(self.max_share, num_sites)
+
+
+def resolve_max_share(max_share: float | str | None, num_sites: int) -> float | None:
+    """The cap :func:`cap_weights` applies in a round of ``num_sites``: ``"auto"`` is
+    :data:`DEFAULT_MAX_SHARE` from :data:`AUTO_CAP_MIN_SITES` sites on, else none; None is none."""
+    if max_share == "auto":
+        return DEFAULT_MAX_SHARE if num_sites >= AUTO_CAP_MIN_SITES else None
+    if max_share is None:
+        return None
+    return float(max_share)
+
+
+def norm_scales(norms: np.ndarray, bound: float) -> np.ndarray:
+    """Per update (row) and array (column), the factor (<= 1) that brings the array's norm within
+    ``bound`` times the median norm of the same array in the OTHER updates of the round
+    (leave-one-out, so the site being judged never sets its own bound and one site cannot raise it;
+    one update alone is left as it is). A 1-D ``norms`` is one array per update."""
+    norms = np.asarray(norms, dtype=np.float64)
+    flat = norms.ndim == 1
+    n = norms[:, None] if flat else norms
+    scales = np.ones(n.shape)
+    for k in range(n.shape[0]):
+        others = np.delete(n, k, axis=0)
+        if others.shape[0] == 0:
+            continue
+        limit = bound * np.median(others, axis=0)
+        over = n[k] > limit
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scales[k, over] = np.where(limit[over] > 0, limit[over] / n[k, over], 0.0)
+    return scales[:, 0] if flat else scales
+
+
+def update_cosines(gram: np.ndarray) -> np.ndarray:
+    """cos(Delta_j, Delta_k) from the Gram matrix of the updates (a zero update points nowhere: its
+    cosine with anything is 1, so it objects to nothing and nothing objects to it)."""
+    g = np.asarray(gram, dtype=np.float64)
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    denom = np.outer(norms, norms)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.where(denom > 0, g / np.where(denom > 0, denom, 1.0), 1.0)
+    np.fill_diagonal(cos, 1.0)
+    return cos
+
+
+def objecting_sites(gram: np.ndarray, threshold: float) -> np.ndarray:
+    """Per update k, how many of the OTHER updates j it points away from: cos(Delta_k, Delta_j) below
+    ``threshold`` (a zero update points nowhere and objects to nothing)."""
+    return (update_cosines(gram) < threshold).sum(axis=1)
+
+
+def direction_outliers(gram: np.ndarray, threshold: float) -> list[int]:
+    """The updates that point away from a consensus of the others.
+
+    Update k is an outlier when (a) its cosine with more than half of the other updates is below
+    ``threshold`` and (b) the other updates agree among themselves: no pair of them has a cosine
+    below ``threshold``. Without (b), updates that scatter in all directions, as honest sites' do late
+    in training or under strong label skew, would be left out at random (a round could lose every
+    site); with it, only an update that opposes updates which agree with each other is left out.
+    """
+    cos = update_cosines(gram)
+    below = cos < threshold
+    n = cos.shape[0]
+    out = []
+    for k in range(n):
+        others = [j for j in range(n) if j != k]
+        if 2 * int(below[k, others].sum()) <= len(others):
+            continue
+        if not below[np.ix_(others, others)].any():
+            out.append(k)
+    return out
+
+
+def cap_weights(weights: np.ndarray, max_share: float) -> np.ndarray:
+    """Bound any one site's share of the total weight by ``max_share`` (water-filling).
+
+    Shares s = w / sum(w) above the cap are set to it and the excess is given to the other sites in
+    proportion to their shares, repeated until no share exceeds the cap; the result is rescaled to the
+    original sum (FedNova's weights need not sum to 1). A cap below 1/K cannot hold and becomes 1/K.
+    This bounds the influence of a site that inflates its sample count or statistics.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    total = float(w.sum())
+    if w.size == 0 or total <= 0 or not 0 < max_share < 1:
+        return w
+    cap = max(max_share, 1.0 / w.size)
+    s = w / total
+    capped = np.zeros(w.size, dtype=bool)
+    for _ in range(w.size):
+        over = (s > cap + 1e-15) & ~capped
+        if not over.any():
+            break
+        capped |= over
+        free = ~capped
+        excess = 1.0 - cap * capped.sum()
+        base = s[free].sum()
+        s[capped] = cap
+        if free.any():
+            s[free] = s[free] / base * excess if base > 0 else excess / free.sum()
+    return s * total
+
+
+def params_digest(params: Mapping[str, Any] | None) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of a result's arrays (to recognise a replay)."""
+    h = hashlib.sha256()
+    for key in sorted(params or {}):
+        arr = np.ascontiguousarray(to_numpy((params or {})[key]))
+        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+class AcceptedDigests:
+    """Per site, the digest (:func:`params_digest`) of every result the round step accepted, with its
+    round: a later result with the same digest is a replay and is refused.
+
+    One store serves a whole run: :class:`~fedweigh.server.rounds.RoundStep` keeps its own unless
+    given one, and an adapter that builds a step per round (the stock-FedAvg aggregator) passes the
+    same store to each.
+    """
+
+    def __init__(self) -> None:
+        self._rounds: dict[str, dict[str, int]] = {}
+
+    def admit(self, site: str, params: Mapping[str, Any] | None, round_index: int) -> None:
+        """Remember ``site``'s result of ``round_index``; InvalidClientResult if it is a replay."""
+        digest = params_digest(params)
+        earlier = self._rounds.get(site, {}).get(digest)
+        if earlier is not None:
+            raise InvalidClientResult(
+                f"{site}: its parameters are a replay of the result it sent in round {earlier}"
+            )
+        self._rounds.setdefault(site, {})[digest] = round_index
