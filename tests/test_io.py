@@ -25,9 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "custom" / "fedweigh"
 #: Modules that still write a file without fedweigh.io, with the write each holds (kept exact, so that
 #: an entry goes once its module writes through io).
 WRITES_ELSEWHERE = {
-    "fedweigh.server.records": "open(..., 'w')",
     "fedweigh.flare.statistics": ".write_text(...)",
-    "fedweigh.bench.runner": ".write_text(...)",
 }
 
 

@@ -8,6 +8,7 @@ with :meth:`RoundRecorder.add_outcome`, so their rows have one format.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -112,19 +113,20 @@ class RoundRecorder:
             {k for r in self.rows for k in r if k not in ("round", "weights", "excluded", "bounded")}
         )
         sites = sorted({s for r in self.rows for s in r.get("weights", {})})
-        with open(self.out_dir / METRICS_CSV, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites], "excluded_sites"])
-            for r in self.rows:
-                w = r.get("weights", {})
-                writer.writerow(
-                    [
-                        r["round"],
-                        *[r.get(k, "") for k in scalar_keys],
-                        *[w.get(s, "") for s in sites],
-                        ";".join(r.get("excluded", {})),
-                    ]
-                )
+        table = io.StringIO()
+        writer = csv.writer(table)
+        writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites], "excluded_sites"])
+        for r in self.rows:
+            w = r.get("weights", {})
+            writer.writerow(
+                [
+                    r["round"],
+                    *[r.get(k, "") for k in scalar_keys],
+                    *[w.get(s, "") for s in sites],
+                    ";".join(r.get("excluded", {})),
+                ]
+            )
+        atomic_write_text(self.out_dir / METRICS_CSV, table.getvalue())
         if self._tb:
             self._tb.flush()
 
