@@ -19,6 +19,7 @@ from fedweigh.flare.recipes import FedDRAWRecipe, MethodRecipe
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS
 from fedweigh.server.rounds import PlaintextBackend, RoundStep
 from fedweigh.weighting import get_scheme
+from fedweigh.weighting.base import ScalarContext
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "byo_feddraw"
@@ -33,7 +34,9 @@ def _task(scheme: str, scheme_args: dict | None = None, params=None):
 def test_result_meta_reports_what_the_scheme_asks_for():
     counts = [30, 5, 0, 65]
     meta = result_meta(_task("cbr"), num_samples=100, num_steps=7, class_counts=counts)
-    expected = get_scheme("cbr").client_scalars(class_counts=np.array(counts, float), num_samples=100)
+    expected = get_scheme("cbr").client_scalars(
+        ScalarContext(class_counts=np.array(counts, float), num_samples=100)
+    )
     assert meta[META_NUM_SAMPLES] == 100 and meta[META_NUM_STEPS] == 7
     assert set(meta[META_SCALARS]) == {"skew"}
     assert meta[META_SCALARS]["skew"] == pytest.approx(expected["skew"])

@@ -15,12 +15,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fedweigh.errors import ConfigError
+from fedweigh.secure.dp_config import ACCOUNTANTS, DP_MODES
+from fedweigh.train import OPTIMIZERS
 
-#: Optimizers of the local training (fedweigh.train.OPTIMIZERS).
-OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
-#: DP-SGD privacy accountants and per-sample-gradient modes (fedweigh.secure.dp_config).
-DP_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
-DP_MODES: tuple[str, ...] = ("auto", "fast", "hooks", "functorch", "ghost")
 #: The smallest image side the models accept.
 MIN_SIZE = 8
 
@@ -160,7 +157,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.number("dp_delta", 0.0, 1.0, open_high=True)
     c.number("dp_max_grad_norm")
     c.number("dp_noise_multiplier", optional=True)
-    c.choice("dp_accountant", DP_ACCOUNTANTS)
+    c.choice("dp_accountant", ACCOUNTANTS)
     c.choice("dp_mode", DP_MODES)
     c.number("stats_dp_epsilon", optional=True)
     c.number("stats_dp_delta", 0.0, 1.0, open_high=True)

@@ -550,9 +550,7 @@ def _run_federated(
         if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
             # each site contributes what it may release (noised when statistics DP is on), as its client does
             releases = sites.released_statistics().values()
-            sites.set_global_stats(
-                global_stats_of((r.class_counts, r.num_samples) for r in releases).as_dict()
-            )
+            sites.set_global_stats(global_stats_of((r.class_counts, r.num_samples) for r in releases))
         for t in range(1, rounds + 1):
             t0 = time.perf_counter()
             global_params = backend.task_params()
