@@ -124,6 +124,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.integer("seed", 0)
     c.choice("arch", ARCHITECTURES)
     c.choice("norm", NORMS)
+    c.text("pretrained", optional=True)
     c.choice("loss", ("default", *LOSS_CLASSES))
     c.mapping("loss_options")
     if values["loss"] != "default":

@@ -18,7 +18,7 @@ import json
 import logging
 import typing
 from collections.abc import Iterable
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from fedweigh.checks import check_client_args
@@ -31,7 +31,7 @@ __all__ = [
     "ClientArgs",
     "add_client_options",
     "bench_options",
-    "client_option_fields",
+    "client_parser",
     "ineffective_options",
     "method_options",
     "parse_args",
@@ -207,11 +207,6 @@ class ClientArgs:
         return " ".join(parts)
 
 
-def client_option_fields() -> tuple[Field, ...]:
-    """The declarations of every client option, in :class:`ClientArgs` order."""
-    return fields(ClientArgs)
-
-
 def method_options() -> tuple[str, ...]:
     """The options a method may prescribe (``method=True``: its local training)."""
     return tuple(f.name for f in fields(ClientArgs) if f.metadata["method"])
@@ -265,11 +260,16 @@ def add_client_options(
         parser.add_argument("--" + f.name.replace("_", "-"), **spec)
 
 
-def parse_args(argv: list[str] | None = None) -> ClientArgs:
-    """The client script's :class:`ClientArgs` from its command line (checked: :class:`ConfigError`)."""
+def client_parser() -> argparse.ArgumentParser:
+    """The client script's command line: one option per :class:`ClientArgs` field."""
     parser = argparse.ArgumentParser(description="fedweigh NVFlare client")
     add_client_options(parser)
-    return check_client_args(ClientArgs(**vars(parser.parse_args(argv))), "client script arguments")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> ClientArgs:
+    """The client script's :class:`ClientArgs` from its command line (checked: :class:`ConfigError`)."""
+    return check_client_args(ClientArgs(**vars(client_parser().parse_args(argv))), "client script arguments")
 
 
 def ineffective_options(args: ClientArgs, device: str) -> list[str]:
