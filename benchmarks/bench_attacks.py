@@ -251,7 +251,7 @@ def _statistics_phase(trainers: dict[str, SiteTrainer], kind: str | None, keys: 
         return notes
     for trainer in trainers.values():
         stats = decode_sum(SecureExchange(keys.provider, SITE_MIN).decode(outcome.total))
-        trainer.global_stats = stats.as_dict()
+        trainer.global_stats = stats
     return notes
 
 

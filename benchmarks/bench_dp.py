@@ -53,6 +53,7 @@ from fedweigh.secure.gaussian import privatize_histogram  # noqa: E402
 from fedweigh.secure.grad_sample import clipped_mean_gradient  # noqa: E402
 from fedweigh.train import TrainConfig, train_local  # noqa: E402
 from fedweigh.weighting import ClientReport, get_scheme  # noqa: E402
+from fedweigh.weighting.base import ScalarContext  # noqa: E402
 
 TARGET_RATIO = 2.0
 MODES = ("fast", "hooks", "functorch", "ghost")
@@ -99,16 +100,15 @@ def stats_noise_effect(epsilons: list[float], draws: int = 200, sites: int = 16,
     }
 
     def weights(hists: list[np.ndarray], ns: list[int]) -> dict[str, np.ndarray]:
-        total = np.sum(hists, axis=0)
         out = {}
         for name, scheme in schemes.items():
+            # each scheme's scalar comes from the site's own (noised) histogram: CBR, DAFL and FedDisco's
+            # default uniform target read no global statistics
             reports = [
                 ClientReport(
                     name=f"site-{k + 1}",
                     num_samples=int(sizes[k]),  # N_k travels exactly with every training result
-                    scalars=scheme.client_scalars(
-                        class_counts=h, num_samples=n, global_class_counts=total, global_num_samples=sum(ns)
-                    ),
+                    scalars=scheme.client_scalars(ScalarContext(class_counts=h, num_samples=n)),
                 )
                 for k, (h, n) in enumerate(zip(hists, ns, strict=True))
             ]

@@ -16,7 +16,9 @@ import time
 
 import numpy as np
 
+from fedweigh.histograms import global_stats_of
 from fedweigh.weighting import SCHEMES, ClientReport, WeightingScheme, get_scheme
+from fedweigh.weighting.base import ScalarContext
 
 TARGET_S = 1.0
 NUM_CLASSES = 14
@@ -65,21 +67,20 @@ def make_reports(
 ) -> list[ClientReport]:
     """Reports as the clients would send them (client-side scalars computed outside the timing)."""
     reports = []
-    global_counts = np.zeros(NUM_CLASSES)
     hists = [rng.integers(0, 500, NUM_CLASSES) for _ in clients]
-    for h in hists:
-        global_counts += h
-    for i, (params, hist) in enumerate(zip(clients, hists, strict=True)):
-        n = int(hist.max()) + 200
+    sizes = [int(hist.max()) + 200 for hist in hists]
+    pooled = global_stats_of(zip(hists, sizes, strict=True))  # what the statistics phase gives the sites
+    for i, (params, hist, n) in enumerate(zip(clients, hists, sizes, strict=True)):
         sc = {}
         if scalars:
             sc = scheme.client_scalars(
-                class_counts=hist,
-                num_samples=n,
-                global_class_counts=global_counts,
-                global_num_samples=int(global_counts.sum()),
-                params=params,
-                global_params=global_params,
+                ScalarContext(
+                    class_counts=hist,
+                    num_samples=n,
+                    global_stats=pooled,
+                    params=params,
+                    global_params=global_params,
+                )
             )
         reports.append(ClientReport(f"site-{i + 1}", n, num_steps=50 + 10 * i, scalars=sc, params=params))
     return reports

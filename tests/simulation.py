@@ -129,7 +129,7 @@ def plaintext_reference(
     if global_stats:
         total = sum(statistics_vector(t.class_counts, len(t.site.train)) for t in trainers)
         for t in trainers:
-            t.global_stats = decode_sum(total).as_dict()
+            t.global_stats = decode_sum(total)
     step, weights = RoundStep(get_scheme(scheme), PlaintextBackend(g), num_rounds=rounds), []
     for t in range(1, rounds + 1):
         plan = step.plan(scheme, {})

@@ -19,6 +19,7 @@ from fedweigh.flare.recipes import FedDRAWRecipe, MethodRecipe
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS
 from fedweigh.server.rounds import PlaintextBackend, RoundStep
 from fedweigh.weighting import get_scheme
+from fedweigh.weighting.base import ScalarContext
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "byo_feddraw"
@@ -33,7 +34,9 @@ def _task(scheme: str, scheme_args: dict | None = None, params=None):
 def test_result_meta_reports_what_the_scheme_asks_for():
     counts = [30, 5, 0, 65]
     meta = result_meta(_task("cbr"), num_samples=100, num_steps=7, class_counts=counts)
-    expected = get_scheme("cbr").client_scalars(class_counts=np.array(counts, float), num_samples=100)
+    expected = get_scheme("cbr").client_scalars(
+        ScalarContext(class_counts=np.array(counts, float), num_samples=100)
+    )
     assert meta[META_NUM_SAMPLES] == 100 and meta[META_NUM_STEPS] == 7
     assert set(meta[META_SCALARS]) == {"skew"}
     assert meta[META_SCALARS]["skew"] == pytest.approx(expected["skew"])
@@ -65,6 +68,73 @@ def test_result_meta_meets_the_server_checks():
 def test_result_meta_refuses_what_the_server_could_not_weigh(kwargs, message):
     with pytest.raises(ValueError, match=message):
         result_meta(_task("cbr"), **kwargs)
+
+
+def _site_trainer():
+    """A small fedweigh site (the same one for every call)."""
+    from fedweigh.data.base import LabeledImages, SiteData
+    from fedweigh.site.args import ClientArgs
+    from fedweigh.site.trainer import SiteTrainer
+
+    rng = np.random.default_rng(0)
+
+    def images(n):
+        x = rng.random((n, 1, 16, 16), dtype=np.float32)
+        return LabeledImages(x, (rng.random((n, 3)) < 0.4).astype(np.float32), ("a", "b", "c"), "multilabel")
+
+    site = SiteData(name="site-1", train=images(12), val=images(4))
+    args = ClientArgs(size=16, batch_size=4, max_steps=2, device="cpu", eval_test=False)
+    return SiteTrainer(site, images(4), args, threads=1)
+
+
+def test_result_meta_reports_what_a_fedweigh_site_reports_for_feddraw_direction():
+    """FedDRAW's similarity="direction" under HE: a script of your own compares its update with the
+    global update since its previous training round, as fedweigh's own sites do, to the last bit."""
+    from fedweigh.train import get_params
+
+    plan = {
+        **_task("feddraw").meta[META_PLAN],
+        "scalars": list(get_scheme("feddraw").scalars(encrypted=True)),  # what the site reports under HE
+        "he": True,
+        "budget_id": "job-direction",
+    }
+    trainer = _site_trainer()
+    received, sent = [get_params(trainer.model)], []
+    for t in range(3):
+        out = trainer.run_round(received[-1], t, plan, evaluate_received=False)
+        sent.append(out)
+        received.append(out.params)  # the next global model: this site's, as if it were alone
+    reported = [
+        result_meta(
+            SimpleNamespace(meta={META_PLAN: plan}, params=received[t]),
+            num_samples=out.num_samples,
+            num_steps=out.num_steps,
+            class_counts=trainer.class_counts,
+            params=out.params,
+        )[META_SCALARS]
+        for t, out in enumerate(sent)
+    ]
+    assert [r["similarity"] for r in reported] == [out.scalars["similarity"] for out in sent]
+    assert reported[0]["similarity"] == 0.0 and all(r["similarity"] != 0.0 for r in reported[1:])
+    # given explicitly, the previous global model is used as given; a new job starts afresh
+    again = result_meta(
+        SimpleNamespace(meta={META_PLAN: plan}, params=received[2]),
+        num_samples=sent[2].num_samples,
+        num_steps=1,
+        class_counts=trainer.class_counts,
+        params=sent[2].params,
+        previous_global=received[1],
+    )
+    assert again[META_SCALARS] == sent[2].scalars
+    other_job = {**plan, "budget_id": "job-other"}
+    fresh = result_meta(
+        SimpleNamespace(meta={META_PLAN: other_job}, params=received[2]),
+        num_samples=sent[2].num_samples,
+        num_steps=1,
+        class_counts=trainer.class_counts,
+        params=sent[2].params,
+    )
+    assert fresh[META_SCALARS] == {"similarity": 0.0}
 
 
 def _example_model():

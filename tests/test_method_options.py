@@ -86,8 +86,11 @@ def test_label_options_go_to_the_scheme_the_loss_and_the_clients():
             "option 'lr' is both an option of scheme 'fedawa' and a client option; write scheme.lr",
         ),
         ("fedbb:opt.lr=0.1", "option 'opt.lr' has an unknown prefix; prefixes: scheme., loss., client."),
-        ("centralized:gamma=1", "the reference 'centralized' takes client options only (optimizer, lr,"),
-        ("fedbb:client.size=64", "unknown client option(s) size; client options: optimizer, lr, momentum,"),
+        (
+            "centralized:gamma=1",
+            "the reference 'centralized' takes client options only (epochs, batch_size, lr,",
+        ),
+        ("fedbb:client.size=64", "unknown client option(s) size; client options: epochs, batch_size, lr,"),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_method_key_and_what_is_allowed(label, expected):

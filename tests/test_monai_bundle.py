@@ -16,7 +16,7 @@ from fedweigh.errors import BundleError, ConfigError
 from fedweigh.flare.monai_bundle import BundleSite, label_counts, parse_overrides
 from fedweigh.flare.monai_bundle_recipe import MonaiBundleRecipe, bundle_network
 from fedweigh.weighting import get_scheme
-from fedweigh.weighting.base import ClientReport
+from fedweigh.weighting.base import ClientReport, ScalarContext
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "monai_bundle"
@@ -189,7 +189,9 @@ def test_bundle_sites_under_cbr_in_the_simulator(tmp_path, monkeypatch):
     cbr = get_scheme("cbr")
     reports = [
         ClientReport(
-            site, n, scalars=cbr.client_scalars(class_counts=counts[site].astype(float), num_samples=n)
+            site,
+            n,
+            scalars=cbr.client_scalars(ScalarContext(class_counts=counts[site].astype(float), num_samples=n)),
         )
         for site, n in sizes.items()
     ]

@@ -310,7 +310,7 @@ def stats_trainer(job_id: str, **args) -> SimpleNamespace:
     """What the statistics task uses of a SiteTrainer: its histogram release and site, nothing else."""
     train = images(60, classes=14, seed=4)
     client_args = ClientArgs(**args)
-    releaser = HistogramReleaser(StatsDPConfig.from_args(client_args), "site-2", job_id)
+    releaser = HistogramReleaser(client_args.stats_dp_config(), "site-2", job_id)
     class_counts = train.label_histogram()
     return SimpleNamespace(
         args=client_args,

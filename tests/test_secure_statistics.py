@@ -318,8 +318,8 @@ def test_statistics_phase_secure_end_to_end(keys_from_env, tmp_path, monkeypatch
     true_counts = np.sum([c for c, _ in data.values()], axis=0)
     true_n = sum(n for _, n in data.values())
     for trainer in trainers.values():
-        assert trainer.global_stats["class_counts"] == true_counts.tolist()
-        assert trainer.global_stats["num_samples"] == true_n
+        assert trainer.global_stats.class_counts.tolist() == true_counts.tolist()
+        assert trainer.global_stats.num_samples == true_n
 
     # what the server received: ciphertext text, and as numbers only N_k, the vector length and the
     # fewest contributions the site's policy accepts in a sum (2 by the permissive default here)

@@ -22,7 +22,8 @@ from fedweigh.secure.updates import (
 from fedweigh.server.encrypted import EncryptedGlobalModel
 from fedweigh.server.rounds import ClientResult, RoundStep
 from fedweigh.server.safeguards import Safeguards
-from fedweigh.weighting import ClientReport, HEIncompatibleScheme, get_scheme
+from fedweigh.weighting import ClientReport, HEIncompatibleScheme, get_scheme, he_capable_schemes
+from fedweigh.weighting.base import ScalarContext
 
 TOL = 1e-4  # CKKS (scale 2^40) error is about 1e-7 on values ~0.1; float32 storage adds ~1e-8
 
@@ -153,7 +154,7 @@ def test_two_he_rounds_equal_the_plaintext_path(contexts, scheme_name, options, 
     for t in (1, 2):
         sites = [trained(g_he, 10 * t + k, steps=k + 1) for k in range(3)]
         if scalars is None:  # the site computes FedDRAW's similarity from theta_k and theta_g
-            site_scalars = [scheme.client_scalars(params=p, global_params=g_he) for p in sites]
+            site_scalars = [scheme.client_scalars(ScalarContext(params=p, global_params=g_he)) for p in sites]
             assert all(set(s) == set(scheme.scalars(encrypted=True)) == {"similarity"} for s in site_scalars)
         else:
             site_scalars = scalars
@@ -341,3 +342,12 @@ def test_schemes_needing_plaintext_models_are_refused(name, options, reason):
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fednova", "cbr", "dafl", "feddisco", "feddraw"])
 def test_scalar_schemes_are_accepted(name):
     get_scheme(name).check_he()
+
+
+def test_the_refusal_names_the_schemes_that_run_under_he():
+    """The list in the refusal is derived from the schemes themselves, not written out."""
+    assert he_capable_schemes() == ("cbr", "dafl", "fedavg", "feddisco", "feddraw", "fednova", "fedprox")
+    with pytest.raises(
+        HEIncompatibleScheme, match=r"\(cbr, dafl, fedavg, feddisco, feddraw, fednova, fedprox\)"
+    ):
+        get_scheme("ida").check_he()

@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from fedweigh.histograms import global_stats_of
 from fedweigh.weighting import SCHEMES, ClientReport, get_scheme
-from fedweigh.weighting.base import check_reports
+from fedweigh.weighting.base import ScalarContext, check_reports
 from fedweigh.weighting.geometry import delta_gram, layer_stats, model_similarity
 
 NAMES = ("fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa", "feddraw", "cbr", "dafl")
@@ -32,7 +33,7 @@ def make_client(global_params, delta_w, delta_b, steps=0):
 def full_reports(global_params, sizes, hists, seed=0):
     """Reports carrying params and every scalar the schemes use (computed with client_scalars)."""
     rng = np.random.default_rng(seed)
-    glob_hist = np.sum(hists, axis=0)
+    pooled = global_stats_of(zip(hists, sizes, strict=True))  # the statistics phase's result
     reports = []
     for i, (n, h) in enumerate(zip(sizes, hists, strict=True)):
         params = make_client(global_params, rng.normal(0, 0.1, (3, 2)), rng.normal(0, 0.1, 2), steps=5 + i)
@@ -40,12 +41,13 @@ def full_reports(global_params, sizes, hists, seed=0):
         for name in ("feddraw", "cbr", "dafl", "feddisco"):
             scalars.update(
                 get_scheme(name).client_scalars(
-                    class_counts=np.asarray(h),
-                    num_samples=n,
-                    global_class_counts=glob_hist,
-                    global_num_samples=int(sum(sizes)),
-                    params=params,
-                    global_params=global_params,
+                    ScalarContext(
+                        class_counts=np.asarray(h),
+                        num_samples=n,
+                        global_stats=pooled,
+                        params=params,
+                        global_params=global_params,
+                    )
                 )
             )
         reports.append(ClientReport(f"site-{i + 1}", n, num_steps=3 + 2 * i, scalars=scalars, params=params))
@@ -263,12 +265,13 @@ def test_identical_clients_get_uniform_weights(name):
     for other in ("feddraw", "cbr", "dafl", "feddisco"):
         scalars.update(
             get_scheme(other).client_scalars(
-                class_counts=hist,
-                num_samples=20,
-                global_class_counts=3 * hist,
-                global_num_samples=60,
-                params=params,
-                global_params=g,
+                ScalarContext(
+                    class_counts=hist,
+                    num_samples=20,
+                    global_stats=global_stats_of([(hist, 20)] * 3),
+                    params=params,
+                    global_params=g,
+                )
             )
         )
     reps = [ClientReport(f"s{i}", 20, num_steps=4, scalars=dict(scalars), params=params) for i in range(3)]

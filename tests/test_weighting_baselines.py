@@ -6,10 +6,17 @@ import math
 import numpy as np
 import pytest
 
+from fedweigh.histograms import GlobalStats
 from fedweigh.weighting import ClientReport, get_scheme
+from fedweigh.weighting.base import ScalarContext
 from fedweigh.weighting.fedadp import gompertz
 from fedweigh.weighting.feddisco import kl_discrepancy
 from fedweigh.weighting.fednova import momentum_normaliser
+
+
+def pooled(counts) -> GlobalStats:
+    """Global statistics with the pooled histogram ``counts`` (N: their sum; DAFL's c_client unused here)."""
+    return GlobalStats(np.asarray(counts), int(np.sum(counts)), 0.0)
 
 
 def vec_reports(global_vec, deltas, sizes, names=None, steps=None):
@@ -134,15 +141,15 @@ def test_feddisco_uniform_target_by_hand():
     assert scheme.target == "uniform" and scheme.needs_global_histogram is False
     # D_k = (0.25, 0.75), C = 2: 0.25 log 0.5 + 0.75 log 1.5; the global histogram is ignored
     sc = scheme.client_scalars(
-        class_counts=np.array([1, 3]), num_samples=4, global_class_counts=np.array([9, 1])
+        ScalarContext(class_counts=np.array([1, 3]), num_samples=4, global_stats=pooled([9, 1]))
     )
     assert sc["discrepancy"] == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
     # C = 3, D_k = (0.5, 0.5, 0): 2 * 0.5 log(1.5) = log 1.5 (a missing class contributes 0)
-    sc3 = scheme.client_scalars(class_counts=np.array([2, 2, 0]), num_samples=4)
+    sc3 = scheme.client_scalars(ScalarContext(class_counts=np.array([2, 2, 0]), num_samples=4))
     assert sc3["discrepancy"] == pytest.approx(math.log(1.5))
     # against a skewed pooled histogram the "global" target gives a different number
     glob = get_scheme("feddisco", target="global").client_scalars(
-        class_counts=np.array([2, 2, 0]), num_samples=4, global_class_counts=np.array([8, 1, 1])
+        ScalarContext(class_counts=np.array([2, 2, 0]), num_samples=4, global_stats=pooled([8, 1, 1]))
     )
     assert glob["discrepancy"] == pytest.approx(0.5 * math.log(0.5 / 0.8) + 0.5 * math.log(0.5 / 0.1))
     with pytest.raises(ValueError, match="target must be one of .*'pooled'"):
@@ -153,17 +160,17 @@ def test_feddisco_global_target_by_hand():
     scheme = get_scheme("feddisco", target="global")
     assert scheme.needs_global_histogram is True
     sc = scheme.client_scalars(
-        class_counts=np.array([1, 3]), num_samples=4, global_class_counts=np.array([2, 2])
+        ScalarContext(class_counts=np.array([1, 3]), num_samples=4, global_stats=pooled([2, 2]))
     )
     assert sc["discrepancy"] == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
     # a site missing a class: D_k = (0, 1), D_glob = (0.5, 0.5) -> log 2, no NaN
     sc0 = scheme.client_scalars(
-        class_counts=np.array([0, 4]), num_samples=4, global_class_counts=np.array([4, 4])
+        ScalarContext(class_counts=np.array([0, 4]), num_samples=4, global_stats=pooled([4, 4]))
     )
     assert sc0["discrepancy"] == pytest.approx(math.log(2))
     assert kl_discrepancy(np.array([2, 2]), np.array([5, 5])) == 0.0
     with pytest.raises(ValueError, match="global class histogram"):
-        scheme.client_scalars(class_counts=np.array([1, 3]), num_samples=4)
+        scheme.client_scalars(ScalarContext(class_counts=np.array([1, 3]), num_samples=4))
 
 
 def test_feddisco_weights_by_hand():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedweigh.weighting import CBRWeights, ClientReport, imbalance_cv
+from fedweigh.weighting.base import ScalarContext
 from fedweigh.weighting.cbr import SKEW_MODES, empty_histogram_score, skew_code, skew_score, skew_sqdev
 
 
@@ -34,7 +35,11 @@ def authors_client_imbalances(client_pos_freq):
 
 def reports_from_counts(scheme, counts, sizes):
     return [
-        ClientReport(f"site-{i}", n, scalars=scheme.client_scalars(class_counts=np.asarray(c), num_samples=n))
+        ClientReport(
+            f"site-{i}",
+            n,
+            scalars=scheme.client_scalars(ScalarContext(class_counts=np.asarray(c), num_samples=n)),
+        )
         for i, (c, n) in enumerate(zip(counts, sizes, strict=True))
     ]
 
@@ -98,7 +103,7 @@ def test_all_negative_site_gets_the_score_of_a_maximally_imbalanced_site(mode, c
     assert empty_histogram_score(14, mode) == pytest.approx(expected, abs=1e-15)
     scheme = CBRWeights(skew=mode)
     with caplog.at_level("INFO", logger="fedweigh.weighting.cbr"):
-        scalars = scheme.client_scalars(class_counts=np.zeros(14), num_samples=20)
+        scalars = scheme.client_scalars(ScalarContext(class_counts=np.zeros(14), num_samples=20))
     assert scalars == {"skew": pytest.approx(expected, abs=1e-15)}
     assert "all zero" in caplog.text and "maximally imbalanced" in caplog.text
     if mode == "cv":  # sqrt(C - 1): the largest cv of C counts, so the least imbalance weight

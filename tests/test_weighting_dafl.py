@@ -5,11 +5,12 @@ import pytest
 
 from fedweigh.imbalance import class_level_parameters, client_imbalance, client_level_parameter
 from fedweigh.weighting import ClientReport, DAFLWeights, get_scheme
+from fedweigh.weighting.base import ScalarContext
 
 
 def _reports(scheme: DAFLWeights, hists: list[tuple[np.ndarray, int]]) -> list[ClientReport]:
     return [
-        ClientReport(f"s{i}", n, scalars=scheme.client_scalars(class_counts=h, num_samples=n))
+        ClientReport(f"s{i}", n, scalars=scheme.client_scalars(ScalarContext(class_counts=h, num_samples=n)))
         for i, (h, n) in enumerate(hists)
     ]
 

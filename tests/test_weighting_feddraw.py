@@ -9,6 +9,7 @@ import pytest
 
 from fedweigh.weighting import ClientReport, get_scheme
 from fedweigh.weighting import FedDRAWWeights as _FedDRAWWeights
+from fedweigh.weighting.base import ScalarContext
 from fedweigh.weighting.feddraw import bound_by_prior, softmax_spread, spread_similarity, tempered_weights
 
 #: The abstract's literal reading, which the hand-computed cases below are written for; the defaults
@@ -126,7 +127,7 @@ def test_server_side_similarity_equals_client_reported(mode):
     scheme = FedDRAWWeights(similarity=mode)
     with_scalars, params_only = [], []
     for i, c in enumerate(CLIENTS):
-        sc = scheme.client_scalars(class_counts=np.ones(2), num_samples=10, params=c, global_params=GLOBAL)
+        sc = scheme.client_scalars(ScalarContext(params=c, global_params=GLOBAL))
         with_scalars.append(ClientReport(f"c{i}", 10 + i, scalars=sc))
         params_only.append(ClientReport(f"c{i}", 10 + i, params=c))
     w_client = scheme.weights(with_scalars, None, 3, 5)
@@ -138,7 +139,7 @@ def test_server_side_similarity_equals_client_reported(mode):
 
 def test_params_similarity_value_by_hand():
     sc = FedDRAWWeights().client_scalars(
-        class_counts=np.ones(2), num_samples=1, params=CLIENTS[0], global_params=GLOBAL
+        ScalarContext(class_counts=np.ones(2), num_samples=1, params=CLIENTS[0], global_params=GLOBAL)
     )
     assert sc["similarity"] == pytest.approx(7 / math.sqrt(55))  # (1,1,3).(1,0,2) / (|.| |.|)
 
@@ -156,7 +157,7 @@ def test_delta_mode_by_hand_and_declarations():
     np.testing.assert_allclose(scheme.last_details["similarity"], expected, rtol=1e-12)
     assert not scheme.he_compatible
     assert FedDRAWWeights().he_compatible
-    assert scheme.client_scalars(class_counts=np.ones(2), num_samples=1, params=g, global_params=g) == {}
+    assert scheme.client_scalars(ScalarContext(params=g, global_params=g)) == {}
     with pytest.raises(ValueError, match="'b'.*no parameters"):
         scheme.weights([reps[0], ClientReport("b", 3)], g, 2, 4)
 
@@ -237,10 +238,9 @@ def test_client_reported_direction_similarity_equals_the_servers():
     for i, c in enumerate(clients):
         site = get_scheme("feddraw", similarity="direction")  # as a site builds it from the plan
         assert site.needs_previous_global
-        site.previous_global = g1  # the global model this site received in round 1
-        reported.append(
-            ClientReport(f"c{i}", 5 + 2 * i, scalars=site.client_scalars(params=c, global_params=g2))
-        )
+        # the global model this site received in round 1 comes with its context
+        ctx = ScalarContext(params=c, global_params=g2, previous_global=g1)
+        reported.append(ClientReport(f"c{i}", 5 + 2 * i, scalars=site.client_scalars(ctx)))
     blind = FedDRAWWeights(similarity="direction")
     blind_w = blind.weights(reported, None, 2, 4)
     assert blind.last_details["similarity"] == server_s

@@ -16,12 +16,9 @@ from typing import Any
 
 from fedweigh.errors import ConfigError
 from fedweigh.protocol import ABSOLUTE_MIN
+from fedweigh.secure.dp_config import ACCOUNTANTS, DP_MODES
+from fedweigh.train import OPTIMIZERS
 
-#: Optimizers of the local training (fedweigh.train.OPTIMIZERS).
-OPTIMIZERS: tuple[str, ...] = ("adam", "sgd")
-#: DP-SGD privacy accountants and per-sample-gradient modes (fedweigh.secure.dp_config).
-DP_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
-DP_MODES: tuple[str, ...] = ("auto", "fast", "hooks", "functorch", "ghost")
 #: The smallest image side the models accept.
 MIN_SIZE = 8
 #: Label-statistics exchanges a run may hold before training (the controller's ``statistics``).
@@ -130,6 +127,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.integer("seed", 0)
     c.choice("arch", ARCHITECTURES)
     c.choice("norm", NORMS)
+    c.text("pretrained", optional=True)
     c.choice("loss", ("default", *LOSS_CLASSES))
     c.mapping("loss_options")
     if values["loss"] != "default":
@@ -163,7 +161,7 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.number("dp_delta", 0.0, 1.0, open_high=True)
     c.number("dp_max_grad_norm")
     c.number("dp_noise_multiplier", optional=True)
-    c.choice("dp_accountant", DP_ACCOUNTANTS)
+    c.choice("dp_accountant", ACCOUNTANTS)
     c.choice("dp_mode", DP_MODES)
     c.number("stats_dp_epsilon", optional=True)
     c.number("stats_dp_delta", 0.0, 1.0, open_high=True)

@@ -17,6 +17,7 @@ benchmark sums the vectors in process.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -49,18 +50,55 @@ META_NUM_CONTRIBUTIONS = "fedweigh_stats_num_contributions"
 
 @dataclass
 class GlobalStats:
-    """What every site knows after the statistics phase."""
+    """What every site knows after the statistics phase: the federation's label histogram
+    (``class_counts``, positives per finding or samples per class), its size N and DAFL's
+    c_client = sum_k N_k c_k / N (``client_level_parameter``).
+
+    Sites hold it typed; its JSON form (:meth:`as_dict`, :meth:`from_dict`) exists only where it
+    crosses a file or the NVFlare wire (:mod:`fedweigh.flare.statistics`).
+    """
 
     class_counts: np.ndarray
     num_samples: int
     client_level_parameter: float
 
+    def __post_init__(self) -> None:
+        self.class_counts = np.asarray(self.class_counts)
+
     def as_dict(self) -> dict:
+        """The JSON form: ``{"class_counts": [int, ...], "num_samples": int, "client_level_parameter": float}``."""
         return {
             "class_counts": [int(x) for x in self.class_counts],
             "num_samples": int(self.num_samples),
             "client_level_parameter": float(self.client_level_parameter),
         }
+
+    @classmethod
+    def from_dict(cls, data: object, source: str) -> GlobalStats:
+        """The statistics of their JSON form (:meth:`as_dict`); ValueError naming ``source`` and the field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{source}: global statistics must be a JSON object, got {type(data).__name__}")
+        missing = [k for k in ("class_counts", "num_samples", "client_level_parameter") if k not in data]
+        if missing:
+            raise ValueError(f"{source}: global statistics lack {', '.join(missing)}")
+        counts, n, c_client = data["class_counts"], data["num_samples"], data["client_level_parameter"]
+        if not isinstance(counts, list) or not counts or not all(_is_int(x) and x >= 0 for x in counts):
+            raise ValueError(
+                f"{source}: class_counts must be a non-empty list of integers >= 0, got {counts!r}"
+            )
+        if not _is_int(n) or n < 1:
+            raise ValueError(f"{source}: num_samples must be an integer >= 1, got {n!r}")
+        if (
+            isinstance(c_client, bool)
+            or not isinstance(c_client, (int, float))
+            or not math.isfinite(c_client)
+        ):
+            raise ValueError(f"{source}: client_level_parameter must be a finite number, got {c_client!r}")
+        return cls(np.asarray(counts, dtype=np.int64), int(n), float(c_client))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def statistics_vector(class_counts: np.ndarray, num_samples: int) -> np.ndarray:

@@ -38,7 +38,9 @@ from typing import Literal
 
 import numpy as np
 
+from fedweigh.checks import check_client_values
 from fedweigh.losses import LOSS_CLASSES, LossContext, build_loss, loss_options, loss_uses_global_stats
+from fedweigh.site.args import ClientArgs, method_options
 from fedweigh.weighting import SCHEMES, WeightingScheme, get_scheme
 
 __all__ = [
@@ -66,19 +68,9 @@ __all__ = [
 
 Kind = Literal["federated", "centralized", "local"]
 
-#: ClientArgs fields a method may prescribe: its local training. The data, model, device and
-#: privacy settings stay shared by every method of a run.
-CLIENT_OPTIONS: tuple[str, ...] = (
-    "optimizer",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "epochs",
-    "batch_size",
-    "max_steps",
-    "keep_optimizer",
-    "augment",
-)
+#: ClientArgs fields a method may prescribe: its local training (declared there, ``method=True``).
+#: The data, model, device and privacy settings stay shared by every method of a run.
+CLIENT_OPTIONS: tuple[str, ...] = method_options()
 #: Short names of client options in method labels.
 CLIENT_OPTION_ALIASES: dict[str, str] = {"optim": "optimizer"}
 #: Prefixes that say which part of a method an option belongs to.
@@ -155,9 +147,6 @@ _PROBE_CONTEXTS = _probe_contexts()
 def check_client_options(method: str, options: dict) -> dict:
     """``options`` with aliases resolved, if every name is in :data:`CLIENT_OPTIONS` and every value
     is one :class:`fedweigh.site.args.ClientArgs` accepts; a one-line ValueError otherwise."""
-    from fedweigh.checks import check_client_values
-    from fedweigh.site.args import ClientArgs
-
     resolved = {CLIENT_OPTION_ALIASES.get(k, k): v for k, v in options.items()}
     unknown = sorted(set(resolved) - set(CLIENT_OPTIONS))
     if unknown:
@@ -362,8 +351,6 @@ def method_spec(
     ):
         # FedNova's normaliser follows the local optimizer the method's clients are given
         scheme_options["local_optimizer"] = "sgd"
-        from fedweigh.site.args import ClientArgs
-
         scheme_options.setdefault("momentum", client.get("momentum", ClientArgs().momentum))
     return MethodSpec(
         label=label,

@@ -112,9 +112,7 @@ def run_federated(
         if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site
             # each site contributes what it may release (noised when statistics DP is on), as its client does
             releases = sites.released_statistics().values()
-            sites.set_global_stats(
-                global_stats_of((r.class_counts, r.num_samples) for r in releases).as_dict()
-            )
+            sites.set_global_stats(global_stats_of((r.class_counts, r.num_samples) for r in releases))
         plan = step.plan(str(spec.scheme), spec.scheme_args)
         run_rounds(step, InProcessSites(sites, scorer.metrics), recorder, plan, loop, log=logger.info)
     finally:

@@ -22,6 +22,7 @@ import torch
 
 from fedweigh.arrays import Params
 from fedweigh.data.base import LabeledImages, SiteData
+from fedweigh.histograms import GlobalStats
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_SCALARS
 from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.server.loop import TrainTask, Transport, ValidateTask
@@ -46,9 +47,9 @@ class LocalSites:
     def released_statistics(self) -> dict[str, ReleasedHistogram]:
         return {name: t.released_statistics() for name, t in self.trainers.items()}
 
-    def set_global_stats(self, stats: dict) -> None:
+    def set_global_stats(self, stats: GlobalStats) -> None:
         for trainer in self.trainers.values():
-            trainer.global_stats = dict(stats)
+            trainer.global_stats = stats
 
     def run_round(
         self, targets: Sequence[str], global_params: Params, t: int, plan: dict, rounds: int, evaluate: bool
@@ -169,7 +170,7 @@ class SitePool:
     def released_statistics(self) -> dict[str, ReleasedHistogram]:
         return {k: v for part in self._call_all(self._all(), "released_statistics") for k, v in part.items()}
 
-    def set_global_stats(self, stats: dict) -> None:
+    def set_global_stats(self, stats: GlobalStats) -> None:
         self._call_all(self._all(), "set_global_stats", stats)
 
     def run_round(

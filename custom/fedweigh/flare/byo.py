@@ -11,11 +11,15 @@ meta key                          value
 ``NUM_STEPS_CURRENT_ROUND``       tau_k, the local optimiser steps of this round (int >= 0; FedNova)
 ``fedweigh_scalars``              the scalars the scheme asks for in the task's ``meta["fedweigh_plan"]``
                                   (``plan["scalars"]``, e.g. CBR's ``skew``), computed by the scheme's
-                                  own client code from the site's label counts
+                                  own client code (:func:`fedweigh.site.scalars.plan_scalars`, as at
+                                  fedweigh's own sites) from the site's label counts and models
 ================================  ========================================================================
 
 Send ``params`` as the FULL local model (``ParamsType.FULL``). :func:`result_meta` builds that meta;
-``plan["fedprox_mu"]`` is FedProx's coefficient for your loss (0 for other schemes). Schemes whose
+``plan["fedprox_mu"]`` is FedProx's coefficient for your loss (0 for other schemes). FedDRAW's
+``similarity="direction"`` compares your update with the global update since your previous training
+round: :func:`result_meta` keeps the global model of each task it reports on for the next one (or
+pass ``previous_global=``). Schemes whose
 *loss* or weighting needs the global label histogram (FedDisco, DAFL) also send a ``stats`` task
 first: answer it with :func:`answer_statistics` (your script receives it only when such a scheme
 runs). A minimal loop::
@@ -41,19 +45,19 @@ runs). A minimal loop::
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import nvflare.client as flare
 
-from fedweigh.flare.statistics import GLOBAL_STATS_FILE, answer_statistics_task
+from fedweigh.flare.statistics import GLOBAL_STATS_FILE, answer_statistics_task, load_cached_global_stats
+from fedweigh.histograms import GlobalStats
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS, TASK_STATS
 from fedweigh.secure.stats_release import ReleasedHistogram
-from fedweigh.weighting import get_scheme
+from fedweigh.site.scalars import plan_scalars, wanted_scalars
+from fedweigh.weighting.base import ScalarContext
 
 __all__ = ["answer_statistics", "global_statistics", "is_statistics_task", "plan_of", "result_meta"]
 
@@ -85,6 +89,33 @@ def plan_of(received: Any) -> dict:
     return dict((getattr(received, "meta", None) or {}).get(META_PLAN) or {})
 
 
+class _ReceivedGlobal:
+    """The global model of the last train task :func:`result_meta` reported on in this process, and
+    the privacy budget id (the job) it came with: FedDRAW's ``similarity="direction"`` compares a
+    site's update with the global update since its previous training round, as fedweigh's sites do
+    (:attr:`fedweigh.site.trainer.SiteTrainer.previous_global`)."""
+
+    def __init__(self) -> None:
+        self.budget_id: str | None = None
+        self.params: dict[str, np.ndarray] | None = None
+
+    def previous(self, plan: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        return self.params if self.budget_id == str(plan.get("budget_id")) else None
+
+    def keep(self, plan: Mapping[str, Any], params: dict[str, np.ndarray] | None) -> None:
+        self.budget_id = str(plan.get("budget_id"))
+        self.params = None if params is None else {k: np.array(v, copy=True) for k, v in params.items()}
+
+
+_RECEIVED = _ReceivedGlobal()
+
+
+def _global_stats(value: GlobalStats | Mapping[str, Any] | None) -> GlobalStats | None:
+    if value is None or isinstance(value, GlobalStats):
+        return value
+    return GlobalStats.from_dict(value, "result_meta: global_stats")
+
+
 def result_meta(
     received: Any,
     *,
@@ -92,9 +123,11 @@ def result_meta(
     num_steps: int,
     class_counts: Any = None,
     params: Mapping[str, Any] | None = None,
-    global_stats: Mapping[str, Any] | None = None,
+    global_stats: GlobalStats | Mapping[str, Any] | None = None,
+    previous_global: Mapping[str, Any] | None = None,
 ) -> dict:
-    """The meta of a ``train`` result for the task ``received``: N_k, tau_k and the scheme's scalars.
+    """The meta of a ``train`` result for the task ``received``: N_k, tau_k and the scheme's scalars
+    (:func:`fedweigh.site.scalars.plan_scalars`, the function every fedweigh client calls).
 
     Args:
         received: the FLModel of the task (its ``meta`` holds the plan, its ``params`` the global model).
@@ -103,7 +136,10 @@ def result_meta(
         class_counts: per-class counts of the site's training labels (positives per finding for
             multi-label data); needed when the scheme's scalars come from them (CBR, DAFL).
         params: the local model after training; needed by schemes whose scalars compare models.
-        global_stats: what :func:`answer_statistics` returned as global statistics, if any.
+        global_stats: the global statistics, :func:`global_statistics` (None: no statistics phase).
+        previous_global: the global model this site received in its previous training round (FedDRAW's
+            ``similarity="direction"``); default: the one of the last task this process reported on
+            in the same job (None in its first round).
 
     Raises ValueError naming the argument when a value cannot be reported or the scheme needs more.
     """
@@ -112,31 +148,27 @@ def result_meta(
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"result_meta: num_steps must be an integer >= 0, got {num_steps!r}")
     plan = plan_of(received)
+    global_params = _as_numpy(getattr(received, "params", None))
     scalars: dict[str, float] = {}
-    wanted = list(plan.get("scalars") or [])
-    if plan.get("scheme") and wanted:
+    wanted = list(wanted_scalars(plan))
+    if wanted:
         if class_counts is None:
             raise ValueError(
                 f"result_meta: scheme {plan['scheme']!r} asks for {wanted}, computed from the site's label "
                 "counts: pass class_counts= (per-class counts of the training labels)"
             )
-        scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
-        gs = dict(global_stats or {})
-        computed = scheme.client_scalars(
+        ctx = ScalarContext(
             class_counts=_count_vector(class_counts, "result_meta"),
             num_samples=int(num_samples),
-            global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
-            global_num_samples=gs.get("num_samples"),
+            global_stats=_global_stats(global_stats),
             params=_as_numpy(params),
-            global_params=_as_numpy(getattr(received, "params", None)),
+            global_params=global_params,
+            previous_global=_RECEIVED.previous(plan)
+            if previous_global is None
+            else _as_numpy(previous_global),
         )
-        missing = [k for k in wanted if k not in computed]
-        if missing:
-            raise ValueError(
-                f"result_meta: scheme {plan['scheme']!r} asks for {missing}, which it computes only from "
-                "params= (the local model) or the global statistics (answer_statistics)"
-            )
-        scalars = {k: float(computed[k]) for k in wanted}
+        scalars = plan_scalars(plan, ctx, who="result_meta")
+    _RECEIVED.keep(plan, global_params)
     return {META_NUM_SAMPLES: int(num_samples), META_NUM_STEPS: int(num_steps), META_SCALARS: scalars}
 
 
@@ -154,7 +186,7 @@ class _StatisticsSite:
     def __init__(self, site_name: str, job_id: str, class_counts: np.ndarray, num_samples: int):
         self.site_name = site_name
         self.job_id = job_id
-        self.global_stats: dict | None = None
+        self.global_stats: GlobalStats | None = None
         self.num_train = int(num_samples)
         self._release = ReleasedHistogram(class_counts, int(num_samples), None, None)
 
@@ -176,9 +208,9 @@ def answer_statistics(received: Any, class_counts: Any, num_samples: int, *, sit
     return answer
 
 
-def global_statistics(job_id: str | None = None) -> dict | None:
-    """The global label statistics this site received in job ``job_id`` (None before the phase)."""
+def global_statistics(job_id: str | None = None) -> GlobalStats | None:
+    """The global label statistics this site received in job ``job_id`` (None before the phase);
+    ValueError naming the file when what is kept there is not valid."""
     if job_id is None:
         job_id = str(flare.get_job_id())
-    path = Path(GLOBAL_STATS_FILE.format(job_id=job_id))
-    return json.loads(path.read_text()) if path.is_file() else None
+    return load_cached_global_stats(job_id)

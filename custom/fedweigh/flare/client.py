@@ -59,7 +59,7 @@ from fedweigh.train import get_params, set_params
 
 logger = logging.getLogger("fedweigh.client")
 
-__all__ = ["ClientArgs", "main"]
+__all__ = ["ClientArgs", "ClientLoop", "follow_budget", "main", "refusal_model", "task_refusal"]
 
 #: Where a site keeps the decrypted global model under HE (in its working folder).
 HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
@@ -112,116 +112,134 @@ def _he_encode(ctx, params: Params, global_params: Params, layout) -> dict:
     return {k: torch.as_tensor(v) for k, v in encode_update(ctx, params, global_params, layout).items()}
 
 
+class ClientLoop:
+    """A site's answers to the tasks of one job: its trainer, its policy's judgement of the job, and
+    the model it trained last (sent for cross-site evaluation)."""
+
+    def __init__(self, args: ClientArgs):
+        self.site_name = flare.get_site_name()
+        site, test, num_sites = resolve_site_data(self.site_name, args)
+        threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, num_sites))
+        self.job_id = str(flare.get_job_id())
+        self.policy = load_site_policy()
+        ledger = PrivacyLedger(ledger_path(self.site_name))
+        self.guard = PrivacyGuard(self.policy, ledger, self.site_name, budget_id=self.job_id)
+        self.trainer = SiteTrainer(
+            site, test, args, threads=threads, job_id=self.job_id, privacy_guard=self.guard
+        )
+        self.trainer.global_stats = load_cached_global_stats(self.job_id)
+        self.writer = SummaryWriter()
+        logger.info("%s: site policy from %s: %s", self.site_name, self.policy.source, self.policy.as_dict())
+        #: why the site refuses this job (None: it takes part); once refused, every task of the job is
+        self.refused: str | None = self.policy.job_refusal(args)
+        self.last_local: Params | None = None
+
+    def answer(self, input_model: FLModel) -> FLModel:
+        """The answer to one task: its policy's refusal, or the statistics, model, metrics or training
+        result it asks for."""
+        task = flare.get_task_name()
+        meta = input_model.meta or {}
+        plan = meta.get(META_PLAN, {}) or {}
+        follow_budget(self.trainer, self.guard, plan, self.job_id)
+        he_meta = meta.get(META_HE) if task != TASK_STATS else None
+        self.refused = self.refused or task_refusal(self.policy, task, meta, plan, he_meta)
+        if self.refused:
+            return self._refuse(self.refused)
+        try:
+            he = self._decrypt(input_model, he_meta) if he_meta else None
+        except ValueError as e:  # e.g. a sum of fewer updates than this site's policy decrypts
+            logger.error("%s: %s", self.site_name, e)
+            return refusal_model(str(e), whole_job=False)
+        if task == TASK_STATS:
+            return self._statistics(input_model)
+        if flare.is_submit_model():  # cross-site evaluation: this site's last local model
+            local = self.last_local if self.last_local is not None else get_params(self.trainer.model)
+            return FLModel(
+                params={k: torch.as_tensor(v) for k, v in local.items()}, params_type=ParamsType.FULL
+            )
+        round_index = int(input_model.current_round or 0)
+        if task != TASK_TRAIN:
+            return self._evaluate(input_model, round_index)
+        return self._train(input_model, plan, round_index, he)
+
+    def _refuse(self, reason: str) -> FLModel:
+        """Refuse the whole job for ``reason``: logged, and the answer to this and every later task."""
+        self.refused = reason
+        logger.error("%s refuses this job: %s", self.site_name, reason)
+        return refusal_model(reason)
+
+    def _decrypt(self, input_model: FLModel, he_meta: dict):
+        """Under HE: decrypt the received global model in place, keep it in the working folder; returns
+        (HE layout, client context)."""
+        decrypted, layout, ctx = _he_decode(
+            input_model.params, he_meta, get_params(self.trainer.model), self.policy.min_secure_sum
+        )
+        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **decrypted)
+        input_model.params = decrypted
+        return layout, ctx
+
+    def _statistics(self, input_model: FLModel) -> FLModel:
+        try:
+            return answer_statistics_task(self.trainer, input_model, self.policy)
+        except PolicyRefusal as e:  # the statistics release would break an epsilon cap
+            return self._refuse(str(e))
+
+    def _evaluate(self, input_model: FLModel, round_index: int) -> FLModel:
+        """Metrics of the received global model on the site's validation split (and the test set)."""
+        if input_model.params:
+            set_params(self.trainer.model, input_model.params)
+        metrics = self.trainer.evaluate()
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, round_index)
+        return FLModel(metrics=metrics, meta={META_NUM_SAMPLES: len(self.trainer.site.val)})
+
+    def _train(self, input_model: FLModel, plan: dict, round_index: int, he) -> FLModel:
+        """One round of local training on the received global model, answered with the full model (or
+        under HE its encrypted update), tau_k, N_k and the scheme's scalars."""
+        try:
+            out = self.trainer.run_round(
+                input_model.params, round_index, plan, total_rounds=input_model.total_rounds
+            )
+        except PolicyRefusal as e:  # the round would break an epsilon cap of the site's policy
+            return self._refuse(str(e))
+        self.last_local = None if he else out.params
+        if he:
+            params = _he_encode(he[1], out.params, input_model.params, he[0])
+        else:
+            params = {k: torch.as_tensor(v) for k, v in out.params.items()}
+        for key, value in out.metrics.items():
+            self.writer.add_scalar(key, value, round_index)
+        logger.info(
+            "%s round %d: %d steps, loss %.4f, val_auc %.4f",
+            self.site_name,
+            round_index,
+            out.num_steps,
+            out.metrics.get("train_loss", float("nan")),  # not reported under DP-SGD
+            out.metrics.get("val_auc", float("nan")),
+        )
+        meta = {
+            META_NUM_STEPS: out.num_steps,
+            META_NUM_SAMPLES: out.num_samples,
+            META_SCALARS: out.scalars,
+            META_MIN_SECURE_SUM: int(self.policy.min_secure_sum),
+        }
+        return FLModel(params=params, params_type=ParamsType.FULL, metrics=out.metrics, meta=meta)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The client script: answer the job's tasks until the job ends (module docstring)."""
     # DP-SGD's variable-size Poisson batches overflow oneDNN's default primitive cache (1024) on the
     # DenseNets and rebuild every convolution each step; it must be raised before the first convolution.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8192")
     logging.basicConfig(level=logging.INFO)
     args = parse_args(argv)
     flare.init()
-    site_name = flare.get_site_name()
-    site, test, num_sites = resolve_site_data(site_name, args)
-    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, num_sites))
-    job_id = str(flare.get_job_id())
-    policy = load_site_policy()
-    guard = PrivacyGuard(policy, PrivacyLedger(ledger_path(site_name)), site_name, budget_id=job_id)
-    trainer = SiteTrainer(site, test, args, threads=threads, job_id=job_id, privacy_guard=guard)
-    trainer.global_stats = load_cached_global_stats(job_id)
-    writer = SummaryWriter()
-    logger.info("%s: site policy from %s: %s", site_name, policy.source, policy.as_dict())
-    refused = policy.job_refusal(args)  # once refused, every task of the job is
-    last_local = None  # the model this site trained last (sent for cross-site evaluation)
-
+    loop = ClientLoop(args)
     while flare.is_running():
         input_model = flare.receive()
         if input_model is None:
             break
-        task = flare.get_task_name()
-        meta = input_model.meta or {}
-        plan = meta.get(META_PLAN, {}) or {}
-        follow_budget(trainer, guard, plan, job_id)
-        round_index = int(input_model.current_round or 0)
-        he_meta = meta.get(META_HE) if task != TASK_STATS else None
-        refused = refused or task_refusal(policy, task, meta, plan, he_meta)
-        if refused:
-            logger.error("%s refuses this job: %s", site_name, refused)
-            flare.send(refusal_model(refused))
-            continue
-        try:
-            if he_meta:
-                decrypted, he_layout, he_ctx = _he_decode(
-                    input_model.params, he_meta, get_params(trainer.model), policy.min_secure_sum
-                )
-                atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=job_id)), **decrypted)
-                input_model.params = decrypted
-        except ValueError as e:  # e.g. a sum of fewer updates than this site's policy decrypts
-            logger.error("%s: %s", site_name, e)
-            flare.send(refusal_model(str(e), whole_job=False))
-            continue
-
-        if task == TASK_STATS:
-            try:
-                answer = answer_statistics_task(trainer, input_model, policy)
-            except PolicyRefusal as e:  # the statistics release would break an epsilon cap
-                refused = str(e)
-                logger.error("%s refuses this job: %s", site_name, refused)
-                answer = refusal_model(refused)
-            flare.send(answer)
-            continue
-
-        if flare.is_submit_model():  # cross-site evaluation: this site's last local model
-            local = last_local if last_local is not None else get_params(trainer.model)
-            flare.send(
-                FLModel(params={k: torch.as_tensor(v) for k, v in local.items()}, params_type=ParamsType.FULL)
-            )
-            continue
-
-        if task != TASK_TRAIN:
-            if input_model.params:
-                set_params(trainer.model, input_model.params)
-            metrics = trainer.evaluate()
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, round_index)
-            flare.send(FLModel(metrics=metrics, meta={META_NUM_SAMPLES: len(trainer.site.val)}))
-            continue
-
-        try:
-            out = trainer.run_round(
-                input_model.params, round_index, plan, total_rounds=input_model.total_rounds
-            )
-        except PolicyRefusal as e:  # the round would break an epsilon cap of the site's policy
-            refused = str(e)
-            logger.error("%s refuses this job: %s", site_name, refused)
-            flare.send(refusal_model(refused))
-            continue
-        last_local = None if he_meta else out.params
-        if he_meta:
-            params = _he_encode(he_ctx, out.params, input_model.params, he_layout)
-        else:
-            params = {k: torch.as_tensor(v) for k, v in out.params.items()}
-        for key, value in out.metrics.items():
-            writer.add_scalar(key, value, round_index)
-        logger.info(
-            "%s round %d: %d steps, loss %.4f, val_auc %.4f",
-            site_name,
-            round_index,
-            out.num_steps,
-            out.metrics.get("train_loss", float("nan")),  # not reported under DP-SGD
-            out.metrics.get("val_auc", float("nan")),
-        )
-        flare.send(
-            FLModel(
-                params=params,
-                params_type=ParamsType.FULL,
-                metrics=out.metrics,
-                meta={
-                    META_NUM_STEPS: out.num_steps,
-                    META_NUM_SAMPLES: out.num_samples,
-                    META_SCALARS: out.scalars,
-                    META_MIN_SECURE_SUM: int(policy.min_secure_sum),
-                },
-            )
-        )
+        flare.send(loop.answer(input_model))
 
 
 if __name__ == "__main__":

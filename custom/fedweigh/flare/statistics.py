@@ -8,9 +8,15 @@ steps, both sent as the ``stats`` task:
 1. ``collect``: every site sends its contribution (or its site policy's refusal); the server checks
    and sums the valid ones when a quorum of them remains (:mod:`fedweigh.server.quorum`);
 2. ``distribute``: the server returns the sum; every site checks that it holds at least the number
-   of contributions its own policy demands, then derives the global statistics and keeps them (the
-   loss and the scheme's client scalars use them). Without a valid sum nothing is distributed: the
-   sites train with their local statistics and the server's log says why.
+   of contributions its own policy demands, then derives the global statistics
+   (:class:`fedweigh.histograms.GlobalStats`) and keeps them (the loss and the scheme's client
+   scalars use them). Without a valid sum nothing is distributed: the sites train with their local
+   statistics and the server's log says why.
+
+A site also keeps them in its working folder (``fedweigh_global_stats_<job id>.json``, written and
+read only here: :func:`keep_global_stats`, :func:`load_cached_global_stats`), so that a relaunched
+process of the same job, or a script of your own (:func:`fedweigh.flare.byo.global_statistics`),
+finds them.
 
 ``plain`` sends v_k in clear (research runs only: it reveals each hospital's disease prevalence to the
 server and logs a warning), ``secure`` sums CKKS ciphertexts so the server sees neither v_k nor the sum.
@@ -27,7 +33,15 @@ from typing import Protocol
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from fedweigh.flare.keys import role_context_provider
-from fedweigh.histograms import META_LENGTH, PlainExchange, StatisticsExchange, decode_sum, statistics_vector
+from fedweigh.histograms import (
+    META_LENGTH,
+    GlobalStats,
+    PlainExchange,
+    StatisticsExchange,
+    decode_sum,
+    statistics_vector,
+)
+from fedweigh.io import atomic_write_json
 from fedweigh.protocol import ABSOLUTE_MIN, META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_PLAN, TASK_STATS
 from fedweigh.secure.exchange import SecureExchange
 from fedweigh.secure.stats_release import ReleasedHistogram
@@ -37,6 +51,7 @@ from fedweigh.site.policy import PERMISSIVE_DEFAULT, SitePolicy
 __all__ = [
     "GLOBAL_STATS_FILE",
     "answer_statistics_task",
+    "keep_global_stats",
     "load_cached_global_stats",
     "make_exchange",
     "run_statistics_phase",
@@ -108,7 +123,7 @@ class StatisticsSite(Protocol):
 
     site_name: str
     job_id: str
-    global_stats: dict | None
+    global_stats: GlobalStats | None
 
     @property
     def num_train(self) -> int: ...
@@ -147,21 +162,30 @@ def answer_statistics_task(
     except ValueError as e:  # too few contributions for this site's policy, or an inconsistent sum
         logger.error("%s: global statistics not decoded: %s", trainer.site_name, e)
         return FLModel(metrics={"stats_received": 0.0}, meta={"ok": False, "error": str(e)})
-    trainer.global_stats = stats.as_dict()
+    trainer.global_stats = stats
     try:
-        Path(GLOBAL_STATS_FILE.format(job_id=trainer.job_id)).write_text(json.dumps(trainer.global_stats))
+        keep_global_stats(stats, trainer.job_id)
     except OSError as e:  # the in-memory copy still serves this process
         logger.warning("could not keep global statistics on disk: %s", e)
     logger.info("%s: global statistics received (N=%d)", trainer.site_name, stats.num_samples)
     return FLModel(metrics={"stats_received": 1.0}, meta={"ok": True})
 
 
-def load_cached_global_stats(job_id: str) -> dict | None:
-    """Global statistics kept by an earlier process of this client in the same job (relaunches)."""
+def keep_global_stats(stats: GlobalStats, job_id: str) -> Path:
+    """Write ``stats`` in their JSON form (:meth:`GlobalStats.as_dict`) to this job's file in the
+    working folder; returns its path."""
+    return atomic_write_json(GLOBAL_STATS_FILE.format(job_id=job_id), stats.as_dict())
+
+
+def load_cached_global_stats(job_id: str) -> GlobalStats | None:
+    """Global statistics kept by an earlier process of this client in the same job (relaunches);
+    None when there are none. ValueError naming the file when it is not valid JSON or not global
+    statistics (:meth:`GlobalStats.from_dict`)."""
     path = Path(GLOBAL_STATS_FILE.format(job_id=job_id))
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-    return None
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    return GlobalStats.from_dict(data, str(path))

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedweigh.histograms import GlobalStats
+
 Task = Literal["multilabel", "multiclass"]
 TASKS: tuple[str, ...] = ("multilabel", "multiclass")
 
@@ -82,6 +84,27 @@ class LossContext:
             raise ValueError(
                 f"LossContext.client_level_parameter must be finite, got {self.client_level_parameter}"
             )
+
+    @classmethod
+    def of_site(
+        cls,
+        task: Task,
+        num_classes: int,
+        class_counts: np.ndarray,
+        num_samples: int,
+        global_stats: GlobalStats | None = None,
+    ) -> LossContext:
+        """The context of a site's own statistics and, when the statistics phase ran, the federation's
+        (:class:`fedweigh.histograms.GlobalStats`)."""
+        return cls(
+            task=task,
+            num_classes=num_classes,
+            class_counts=class_counts,
+            num_samples=num_samples,
+            global_class_counts=None if global_stats is None else global_stats.class_counts,
+            global_num_samples=None if global_stats is None else global_stats.num_samples,
+            client_level_parameter=None if global_stats is None else global_stats.client_level_parameter,
+        )
 
 
 class ClientLoss(nn.Module):

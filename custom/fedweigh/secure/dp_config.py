@@ -8,7 +8,8 @@ both has spent at most the sum of the epsilons and the sum of the deltas):
 - :class:`StatsDPConfig`: the Gaussian mechanism (:mod:`fedweigh.secure.gaussian`) on a site's label
   histogram, released once per job (:mod:`fedweigh.secure.stats_release`).
 
-Both are read from a ``ClientArgs`` (``dp_*`` and ``stats_dp_*`` fields) and are None when off.
+Both are derived from a site's :class:`fedweigh.site.args.ClientArgs` (its ``dp_*`` and ``stats_dp_*``
+fields: ``ClientArgs.dp_config()``, ``ClientArgs.stats_dp_config()``), None when off.
 Files a site keeps for a job (the DP-SGD account, the released histogram) are named by
 :func:`job_site_path`; nothing is persisted for in-process runs (job id :data:`LOCAL_JOB_ID`).
 """
@@ -19,7 +20,6 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fedweigh.errors import PrivacyBudgetExhausted
 
@@ -89,22 +89,6 @@ class DPConfig:
         if self.mode not in DP_MODES:
             raise ValueError(f"DPConfig.mode must be one of {DP_MODES}, got {self.mode!r}")
 
-    @classmethod
-    def from_args(cls, args: Any) -> DPConfig | None:
-        """The DP-SGD settings in a ``ClientArgs`` (``dp_*`` fields), or None when DP-SGD is off."""
-        epsilon = getattr(args, "dp_epsilon", None)
-        sigma = getattr(args, "dp_noise_multiplier", None)
-        if epsilon is None and sigma is None:
-            return None
-        return cls(
-            epsilon=epsilon,
-            delta=getattr(args, "dp_delta", 1e-5),
-            max_grad_norm=getattr(args, "dp_max_grad_norm", 1.0),
-            noise_multiplier=sigma,
-            accountant=getattr(args, "dp_accountant", "rdp"),
-            mode=getattr(args, "dp_mode", "auto"),
-        )
-
 
 @dataclass
 class StatsDPConfig:
@@ -132,18 +116,6 @@ class StatsDPConfig:
                 f"StatsDPConfig: the classic Gaussian bound holds only for epsilon < 1, got {self.epsilon}; "
                 "use mechanism='analytic'"
             )
-
-    @classmethod
-    def from_args(cls, args: Any) -> StatsDPConfig | None:
-        """The statistics-DP settings in a ``ClientArgs`` (``stats_dp_*``), or None when off."""
-        epsilon = getattr(args, "stats_dp_epsilon", None)
-        if epsilon is None:
-            return None
-        return cls(
-            epsilon=epsilon,
-            delta=getattr(args, "stats_dp_delta", 1e-5),
-            mechanism=getattr(args, "stats_dp_mechanism", "analytic"),
-        )
 
 
 def _safe_name(text: str) -> str:

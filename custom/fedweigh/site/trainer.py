@@ -14,15 +14,16 @@ import torch
 
 from fedweigh.arrays import to_numpy_dict
 from fedweigh.data.base import LabeledImages, SiteData
+from fedweigh.histograms import GlobalStats
 from fedweigh.losses import LossContext, build_loss
 from fedweigh.models import build_model
 from fedweigh.secure.accountant import dp_state_path
-from fedweigh.secure.dp_config import LOCAL_JOB_ID, DPConfig, StatsDPConfig
+from fedweigh.secure.dp_config import LOCAL_JOB_ID
 from fedweigh.secure.dp_sgd import DPSGD, DPRoundReport
 from fedweigh.secure.stats_release import HistogramReleaser, ReleasedHistogram
-from fedweigh.site.args import ClientArgs
+from fedweigh.site.args import ClientArgs, ineffective_options
+from fedweigh.site.scalars import plan_scalars, wanted_scalars
 from fedweigh.train import (
-    TrainConfig,
     TrainResult,
     evaluate,
     get_params,
@@ -32,10 +33,23 @@ from fedweigh.train import (
     to_memory_format,
     train_local,
 )
-from fedweigh.weighting import get_scheme
-from fedweigh.weighting.geometry import use_model_buffers
+from fedweigh.weighting.base import ScalarContext
 
 logger = logging.getLogger("fedweigh.site")
+
+__all__ = ["RoundOutput", "SiteTrainer", "build_site_model", "round_seed", "warn_ineffective"]
+
+#: The no-effect warnings this process gave already (each is logged once, not once per site).
+_WARNED: set[str] = set()
+
+
+def warn_ineffective(args: ClientArgs, device: str) -> None:
+    """Log a warning, once per process, for every setting of ``args`` that has no effect on ``device``
+    (:func:`fedweigh.site.args.ineffective_options`)."""
+    for reason in ineffective_options(args, device):
+        if reason not in _WARNED:
+            _WARNED.add(reason)
+            logger.warning("%s", reason)
 
 
 def build_site_model(args: ClientArgs, data: LabeledImages) -> torch.nn.Module:
@@ -86,20 +100,19 @@ class SiteTrainer:
             torch.set_num_threads(threads)
         train: LabeledImages = site.train
         self.device = resolve_device(args.device)
+        warn_ineffective(args, self.device)
         self.model = build_site_model(args, train)
         #: what trains: the model, or its torch.compile'd wrapper (same parameters)
         self.train_model: torch.nn.Module = torch.compile(self.model) if args.compile else self.model
         #: the local optimizer kept across rounds (``args.keep_optimizer``; built on the first round)
         self.optimizer: torch.optim.Optimizer | None = None
         self.class_counts = train.label_histogram()
-        #: Global label statistics from the statistics phase (class_counts, num_samples, client_level_parameter).
-        self.global_stats: dict | None = None
+        #: The federation's label statistics from the statistics phase (None before it, or without it).
+        self.global_stats: GlobalStats | None = None
         self.privacy_guard = privacy_guard
         self._warned_empty_histogram = False
         #: The once-per-job release of this site's label histogram (noised when statistics DP is on).
-        self.releaser = HistogramReleaser(
-            StatsDPConfig.from_args(args), self.site_name, job_id, guard=privacy_guard
-        )
+        self.releaser = HistogramReleaser(args.stats_dp_config(), self.site_name, job_id, guard=privacy_guard)
         #: The global model this site received in its previous training round (FedDRAW's
         #: similarity="direction" compares its update with the global update since then).
         self.previous_global: dict[str, np.ndarray] | None = None
@@ -145,9 +158,8 @@ class SiteTrainer:
         """The configured loss, built from this site's (and, if known, the global) label statistics."""
         if self.args.loss in ("default", "bce", "ce") and not self.args.loss_options:
             return None  # the training module's default (BCE / CE)
-        gs = self.global_stats or {}
         counts, n = self.class_counts, len(self.site.train)
-        if DPConfig.from_args(self.args) is not None:
+        if self.args.dp_sgd:
             # DP-SGD's guarantee holds for a loss fixed before training: one built from the exact
             # histogram would let every sample's label reach the update outside the clipping
             release = self.released_statistics()
@@ -157,14 +169,8 @@ class SiteTrainer:
                     "DP-SGD it may only use the privatised one: set stats_dp_epsilon (statistics DP) as well"
                 )
             counts, n = np.asarray(release.class_counts), release.num_samples
-        ctx = LossContext(
-            task=self.site.train.task,
-            num_classes=self.site.train.num_classes,
-            class_counts=counts,
-            num_samples=n,
-            global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
-            global_num_samples=gs.get("num_samples"),
-            client_level_parameter=gs.get("client_level_parameter"),
+        ctx = LossContext.of_site(
+            self.site.train.task, self.site.train.num_classes, counts, n, global_stats=self.global_stats
         )
         return build_loss(self.args.loss, ctx, **self.args.loss_options)
 
@@ -183,21 +189,8 @@ class SiteTrainer:
         Under DP-SGD the epsilon spent so far is kept in ``self.dp_report`` (None otherwise), and
         ``total_rounds`` (the job's planned rounds) spreads a target epsilon over the whole job.
         """
-        cfg = TrainConfig(
-            epochs=self.args.epochs,
-            batch_size=self.args.batch_size,
-            lr=self.args.lr,
-            optimizer=self.args.optimizer,
-            momentum=self.args.momentum,
-            weight_decay=self.args.weight_decay,
-            max_steps=self.args.max_steps,
-            fedprox_mu=fedprox_mu,
-            seed=round_seed,
-            device=self.device,
-            amp=self.args.amp,
-            augment=self.args.augment,
-        )
-        dp_config = DPConfig.from_args(self.args)
+        cfg = self.args.train_config(fedprox_mu=fedprox_mu, seed=round_seed, device=self.device)
+        dp_config = self.args.dp_config()
         self.dp_report = None
         if dp_config is None:
             if self.args.keep_optimizer and self.optimizer is None:
@@ -219,15 +212,10 @@ class SiteTrainer:
         return result
 
     def scheme_scalars(self, plan: dict, params: dict, global_params: dict) -> dict[str, float]:
-        """The scalars the server's scheme asked for, computed here by the scheme's own code."""
-        wanted = set(plan.get("scalars") or ())  # only what the plan asks for, never more
-        if not wanted:
+        """The scalars the server's scheme asked for, computed by :func:`fedweigh.site.scalars.plan_scalars`
+        (the scheme's own code, with the model's exact buffers, as the server's)."""
+        if not wanted_scalars(plan):  # only what the plan asks for, never more
             return {}
-        scheme = get_scheme(plan["scheme"], **(plan.get("scheme_args") or {}))
-        use_model_buffers(scheme, self.model)  # the model's exact buffers, as the server's
-        if getattr(scheme, "needs_previous_global", False):
-            scheme.previous_global = self.previous_global  # type: ignore[attr-defined]
-        gs = self.global_stats or {}
         release = self.released_statistics()  # the noised release when statistics DP is on
         if not np.any(np.asarray(release.class_counts) > 0) and not self._warned_empty_histogram:
             self._warned_empty_histogram = True  # once per job: the histogram does not change
@@ -237,15 +225,15 @@ class SiteTrainer:
                 self.site_name,
                 plan["scheme"],
             )
-        scalars = scheme.client_scalars(
+        ctx = ScalarContext(
             class_counts=np.asarray(release.class_counts),
             num_samples=release.num_samples,
-            global_class_counts=None if gs.get("class_counts") is None else np.asarray(gs["class_counts"]),
-            global_num_samples=gs.get("num_samples"),
+            global_stats=self.global_stats,
             params=params,
             global_params=global_params,
+            previous_global=self.previous_global,
         )
-        return {k: float(v) for k, v in scalars.items() if k in wanted}
+        return plan_scalars(plan, ctx, model=self.model, who=self.site_name)
 
     def run_round(
         self,

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from fedweigh.errors import HEIncompatibleScheme
-from fedweigh.weighting.base import ClientReport, WeightingScheme
+from fedweigh.weighting.base import ClientReport, ScalarContext, WeightingScheme, he_capable_schemes
 from fedweigh.weighting.cbr import CBRWeights, imbalance_cv
 from fedweigh.weighting.dafl import DAFLWeights
 from fedweigh.weighting.fedadp import FedAdpWeights
@@ -37,8 +37,10 @@ __all__ = [
     "FedProxWeights",
     "HEIncompatibleScheme",
     "IDAWeights",
+    "ScalarContext",
     "WeightingScheme",
     "get_scheme",
+    "he_capable_schemes",
     "imbalance_cv",
 ]
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from fedweigh.arrays import check_same_layout
 from fedweigh.errors import HEIncompatibleScheme
+from fedweigh.histograms import GlobalStats
 
 Params = dict[str, np.ndarray]
 IntegerBufferRule = Literal["weighted", "max"]
@@ -37,6 +38,51 @@ SCALAR_RANGES: dict[str, tuple[float, float]] = {
     "imbalance": (0.0, math.inf),
     "discrepancy": (0.0, math.inf),
 }
+
+
+@dataclass(frozen=True)
+class ScalarContext:
+    """What a site knows when it computes its scheme's scalars (as a loss is built from a
+    :class:`fedweigh.losses.LossContext`).
+
+    class_counts: the site's per-class label counts (positives per finding for multi-label data;
+        under statistics DP, its noised release).
+    num_samples: N_k, the site's training-set size.
+    global_stats: the federation's label statistics from the statistics phase (None without it).
+    params: the site's parameters after this round's local training.
+    global_params: theta_g^{t-1}, the global model it trained from.
+    previous_global: the global model it received in its previous training round (FedDRAW's
+        ``similarity="direction"``; None in its first round).
+    """
+
+    class_counts: np.ndarray | None = None
+    num_samples: int | None = None
+    global_stats: GlobalStats | None = None
+    params: Params | None = None
+    global_params: Params | None = None
+    previous_global: Params | None = None
+
+    @property
+    def global_class_counts(self) -> np.ndarray | None:
+        """The federation's label histogram (None without the statistics phase)."""
+        return None if self.global_stats is None else np.asarray(self.global_stats.class_counts)
+
+    def counts(self, scheme: str) -> tuple[np.ndarray, int]:
+        """(class_counts, num_samples); ValueError naming ``scheme`` when the site gave none."""
+        if self.class_counts is None or self.num_samples is None:
+            raise ValueError(
+                f"{scheme}: the client needs its label counts and training-set size (class_counts, "
+                "num_samples) for its scalars"
+            )
+        return np.asarray(self.class_counts), int(self.num_samples)
+
+    def models(self, scheme: str) -> tuple[Params, Params]:
+        """(params, global_params); ValueError naming ``scheme`` when the site gave none."""
+        if self.params is None or self.global_params is None:
+            raise ValueError(
+                f"{scheme}: the client needs its trained and the global parameters for its similarity"
+            )
+        return self.params, self.global_params
 
 
 @dataclass
@@ -196,6 +242,11 @@ class WeightingScheme(ABC):
         if self.integer_buffers not in ("weighted", "max"):
             raise ValueError(f"integer_buffers must be 'weighted' or 'max', got {self.integer_buffers!r}")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name and cls.__module__.startswith("fedweigh.weighting."):
+            _DEFINED[cls.name] = cls
+
     # ----------------------------------------------------------------------------------- needs
     @property
     def fedprox_mu(self) -> float:
@@ -220,22 +271,13 @@ class WeightingScheme(ABC):
         raise HEIncompatibleScheme(
             f"scheme {self.name!r} cannot run with homomorphically encrypted updates (he=True): {reason}. "
             "Under HE the server sees only ciphertexts and scalars. Choose a scheme that weights from "
-            "sample counts, steps and client-reported scalars (fedavg, fedprox, fednova, feddisco, cbr, "
-            "dafl, feddraw with similarity='params' or 'layer'), or run without HE."
+            f"sample counts, steps and client-reported scalars ({', '.join(he_capable_schemes())}), "
+            "or run without HE."
         )
 
     # ----------------------------------------------------------------------------------- client side
-    def client_scalars(
-        self,
-        *,
-        class_counts: np.ndarray,
-        num_samples: int,
-        global_class_counts: np.ndarray | None = None,
-        global_num_samples: int | None = None,
-        params: dict[str, np.ndarray] | None = None,
-        global_params: dict[str, np.ndarray] | None = None,
-    ) -> dict[str, float]:
-        """The scalars the CLIENT computes and reports for this scheme (default: none)."""
+    def client_scalars(self, ctx: ScalarContext) -> dict[str, float]:
+        """The scalars the CLIENT computes from ``ctx`` and reports for this scheme (default: none)."""
         return {}
 
     # ----------------------------------------------------------------------------------- server side
@@ -324,3 +366,14 @@ class WeightingScheme(ABC):
         """Restore what ``state_dict`` returned (default: stateless, accepts {})."""
         if not isinstance(state, dict):
             raise ValueError(f"{self.name}: state must be a dict, got {type(state).__name__}")
+
+
+#: Every scheme class of the package by registry name, as its module defines it (the registry,
+#: :data:`fedweigh.weighting.SCHEMES`, lists them in table order).
+_DEFINED: dict[str, type[WeightingScheme]] = {}
+
+
+def he_capable_schemes() -> tuple[str, ...]:
+    """Registry names of the schemes that run under HE with their default options, sorted (each
+    instance decides, ``he_compatible``: FedDRAW does unless ``similarity="delta"``)."""
+    return tuple(sorted(name for name, cls in _DEFINED.items() if cls().he_compatible))

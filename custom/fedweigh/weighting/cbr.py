@@ -48,7 +48,14 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, scalar_vector
+from fedweigh.weighting.base import (
+    ClientReport,
+    ScalarContext,
+    WeightingScheme,
+    check_reports,
+    check_round,
+    scalar_vector,
+)
 
 logger = logging.getLogger("fedweigh.weighting.cbr")
 
@@ -154,18 +161,9 @@ class CBRWeights(WeightingScheme):
         if not math.isfinite(self.eps) or self.eps <= 0:
             raise ValueError(f"cbr: eps must be a positive number, got {self.eps!r}")
 
-    def client_scalars(
-        self,
-        *,
-        class_counts: np.ndarray,
-        num_samples: int,
-        global_class_counts: np.ndarray | None = None,
-        global_num_samples: int | None = None,
-        params: dict[str, np.ndarray] | None = None,
-        global_params: dict[str, np.ndarray] | None = None,
-    ) -> dict[str, float]:
+    def client_scalars(self, ctx: ScalarContext) -> dict[str, float]:
         """{"skew": score of the client's own label histogram} (an all-zero one: :func:`empty_histogram_score`)."""
-        counts = _vector(class_counts)
+        counts = _vector(ctx.counts(self.name)[0])
         score = skew_score(counts, self.skew)
         if counts.sum() <= 0:
             logger.info(  # the site itself warns once, naming itself (fedweigh.site)

@@ -23,7 +23,14 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from fedweigh.imbalance import MissingRule, check_missing_rule, client_imbalance
-from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, scalar_vector
+from fedweigh.weighting.base import (
+    ClientReport,
+    ScalarContext,
+    WeightingScheme,
+    check_reports,
+    check_round,
+    scalar_vector,
+)
 
 MODES: tuple[str, ...] = ("inverse_imbalance", "size_inverse_imbalance", "size")
 
@@ -53,17 +60,9 @@ class DAFLWeights(WeightingScheme):
             raise ValueError(f"dafl: eps must be a positive number, got {self.eps!r}")
         self.required_scalars = ("imbalance",) if self.mode != "size" else ()  # type: ignore[misc]
 
-    def client_scalars(
-        self,
-        *,
-        class_counts: np.ndarray,
-        num_samples: int,
-        global_class_counts: np.ndarray | None = None,
-        global_num_samples: int | None = None,
-        params: dict[str, np.ndarray] | None = None,
-        global_params: dict[str, np.ndarray] | None = None,
-    ) -> dict[str, float]:
+    def client_scalars(self, ctx: ScalarContext) -> dict[str, float]:
         """{"imbalance": c_k} from the client's own histogram (:func:`client_imbalance`, rule ``missing``)."""
+        class_counts, num_samples = ctx.counts(self.name)
         return {"imbalance": client_imbalance(class_counts, num_samples, self.missing)}
 
     def weights(

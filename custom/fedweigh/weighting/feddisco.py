@@ -30,7 +30,14 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, scalar_vector
+from fedweigh.weighting.base import (
+    ClientReport,
+    ScalarContext,
+    WeightingScheme,
+    check_reports,
+    check_round,
+    scalar_vector,
+)
 
 _FLOOR = 1e-12
 TARGETS: tuple[str, ...] = ("uniform", "global")
@@ -82,19 +89,12 @@ class FedDiscoWeights(WeightingScheme):
             raise ValueError(f"feddisco: target must be one of {TARGETS}, got {self.target!r}")
         self.needs_global_histogram = self.target == "global"  # type: ignore[misc]
 
-    def client_scalars(
-        self,
-        *,
-        class_counts: np.ndarray,
-        num_samples: int,
-        global_class_counts: np.ndarray | None = None,
-        global_num_samples: int | None = None,
-        params: dict[str, np.ndarray] | None = None,
-        global_params: dict[str, np.ndarray] | None = None,
-    ) -> dict[str, float]:
+    def client_scalars(self, ctx: ScalarContext) -> dict[str, float]:
         """{"discrepancy": KL(D_k || T)}; ``target="global"`` needs the global histogram."""
+        class_counts, _ = ctx.counts(self.name)
         if self.target == "uniform":
             return {"discrepancy": kl_discrepancy(class_counts, None)}
+        global_class_counts = ctx.global_class_counts
         if global_class_counts is None:
             raise ValueError(
                 "feddisco: with target='global' the client needs the global class histogram to compute "

@@ -53,7 +53,14 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from fedweigh import schedules
-from fedweigh.weighting.base import ClientReport, WeightingScheme, check_reports, check_round, softmax
+from fedweigh.weighting.base import (
+    ClientReport,
+    ScalarContext,
+    WeightingScheme,
+    check_reports,
+    check_round,
+    softmax,
+)
 from fedweigh.weighting.geometry import (
     ParameterGeometry,
     check_geometry,
@@ -171,8 +178,8 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
     form: WeightForm = "log"
     eps: float = 1e-12
     rate: float = 5.0
-    #: theta_g^{t-1}: the global model of the previous round over the compared arrays (state of
-    #: similarity="direction"; at a site, the global model it received in its previous round).
+    #: theta_g^{t-1}: the global model of the previous round over the compared arrays (the server's
+    #: state under similarity="direction"; a site passes its own in ``ScalarContext.previous_global``).
     previous_global: dict[str, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -220,41 +227,35 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
 
     @property
     def needs_previous_global(self) -> bool:
-        """Whether the similarity compares with the previous global model (a site then sets
-        :attr:`previous_global` to the global model it received in its previous round)."""
+        """Whether the similarity compares with the previous global model (a site then passes the
+        global model it received in its previous round as ``ScalarContext.previous_global``)."""
         return self.similarity == "direction"
 
-    def client_scalars(
-        self,
-        *,
-        class_counts: np.ndarray | None = None,
-        num_samples: int | None = None,
-        global_class_counts: np.ndarray | None = None,
-        global_num_samples: int | None = None,
-        params: dict[str, np.ndarray] | None = None,
-        global_params: dict[str, np.ndarray] | None = None,
-    ) -> dict[str, float]:
+    def client_scalars(self, ctx: ScalarContext) -> dict[str, float]:
         """{"similarity": s_k} computed by the client (modes "params", "layer" and "direction"; for
-        "direction" against :attr:`previous_global`, 0 when it is None).
+        "direction" against ``ctx.previous_global``, the global model the site received in its
+        previous training round, 0 when it is None).
 
         Mode "delta" compares each delta with the mean of all deltas, which no client can compute:
         the client reports nothing and the server computes the similarity from the parameters.
         """
         if self.similarity == "delta":
             return {}
-        if params is None or global_params is None:
-            raise ValueError(
-                "feddraw: the client needs its trained and the global parameters for its similarity"
-            )
-        return {"similarity": self._similarity_of(params, global_params, "client")}
+        params, global_params = ctx.models(self.name)
+        return {"similarity": self._similarity_of(params, global_params, "client", ctx.previous_global)}
 
     def _similarity_of(
-        self, params: Mapping[str, np.ndarray], global_params: Mapping[str, np.ndarray], name: str
+        self,
+        params: Mapping[str, np.ndarray],
+        global_params: Mapping[str, np.ndarray],
+        name: str,
+        previous_global: Mapping[str, np.ndarray] | None,
     ) -> float:
-        """s_k of one client from its parameters (modes "params", "layer", "direction")."""
+        """s_k of one client from its parameters (modes "params", "layer", "direction"; the last
+        against ``previous_global``: the server's theta_g^{t-1}, or what the site received before)."""
         keys = self.compared_keys(global_params)
         if self.similarity == "direction":
-            return direction_similarity(params, global_params, self.previous_global, name=name, keys=keys)
+            return direction_similarity(params, global_params, previous_global, name=name, keys=keys)
         return model_similarity(params, global_params, self.similarity, name=name, keys=keys)
 
     def _similarities(
@@ -280,7 +281,7 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
         for i, rep in enumerate(reports):
             # the server's own computation wins: a site could report any value in [-1, 1]
             if rep.params is not None and global_params is not None:
-                s[i] = self._similarity_of(rep.params, global_params, rep.name)
+                s[i] = self._similarity_of(rep.params, global_params, rep.name, self.previous_global)
             elif "similarity" in rep.scalars:
                 s[i] = float(rep.scalars["similarity"])
             else:
