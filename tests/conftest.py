@@ -1,6 +1,7 @@
 import os
 
 import pytest
+from hypothesis import settings
 
 # ---------------------------------------------------------------------------------- test layout
 # `make test` runs `pytest -n 2 --dist loadgroup --no-loadscope-reorder`: xdist hands the workers one
@@ -40,6 +41,8 @@ def _order(item: pytest.Item) -> tuple:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("FEDWEIGH_TEST_ORDER") == "given":  # a mutation run puts the fastest tests first
+        return
     order = {id(item): (_order(item), position) for position, item in enumerate(items)}
     items.sort(key=lambda item: order[id(item)])
 
@@ -96,3 +99,9 @@ def method_run(tmp_path_factory):
         )
 
     return run
+
+
+# Hypothesis: the property tests draw new examples in every run; a mutation run
+# (benchmarks/mutation_score.py) sets HYPOTHESIS_PROFILE=mutation so that every mutant meets the same ones
+settings.register_profile("mutation", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -96,8 +96,10 @@ def softmax_spread(similarity: np.ndarray, temperature: float = 1.0) -> np.ndarr
     largest share, however small their difference.
     """
     s = np.asarray(similarity, dtype=np.float64)
-    if float(s.max() - s.min()) <= 0.0:
+    span = float(s.max() - s.min())
+    if span <= 0.0:
         return np.full(s.size, 1.0 / s.size)
+    s = (s - s.min()) / span  # z is unchanged by this; it keeps std from underflowing to 0 (NaN weights)
     z = (s - s.mean()) / s.std()
     return softmax(z / temperature)
 
