@@ -228,7 +228,9 @@ def run_rounds(
             ValidateTask(num_rounds, sorted(transport.site_names()), params, backend.task_meta())
         )
         measured = transport.global_metrics(params)
-        if answers or measured:
-            recorder.set_metrics(num_rounds, {**mean_metrics(answers), **measured})
+        if answers:
+            recorder.set_site_metrics(num_rounds, mean_metrics(answers))
+        if measured:
+            recorder.set_metrics(num_rounds, measured)
     recorder.flush()
     return not stopped

@@ -18,6 +18,7 @@ from fedweigh.io import atomic_write_text
 from fedweigh.plots import plot_client_weights, plot_metric_by_round
 from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
 from fedweigh.server.rounds import RoundOutcome
+from fedweigh.server.validation import check_site_metrics
 
 logger = logging.getLogger("fedweigh.recorder")
 
@@ -26,7 +27,8 @@ class RoundRecorder:
     """Collects one row per round and writes them after each round (so a crash loses nothing).
 
     A row: ``round`` (the global model after that many rounds; 0 = initial model), the averaged
-    client metrics of that model (``test_auc``, ``val_auc``, ...), and for training rounds the
+    client metrics of that model (``test_auc``, ``val_auc``, ...; under their own names, never one
+    of the server's fields: :meth:`set_site_metrics`), and for training rounds the
     sites, their weights and the scheme's schedule values, the sites whose result was left out
     (``excluded``: site -> reason), those whose update was scaled down to the norm bound
     (``bounded``: site -> norms; only when there are any) and whether the global model changed
@@ -38,6 +40,9 @@ class RoundRecorder:
         self.scheme = scheme
         self.rows: list[dict] = list(rows or [])
         self._tb = None
+        #: names the server wrote on a row besides the fixed fields (the scheme's values,
+        #: ``round_seconds``, ...): the sites' metrics may not take them
+        self._server_keys: set[str] = set()
 
     # -- writing -------------------------------------------------------------------------------
     def _writer(self):
@@ -63,8 +68,20 @@ class RoundRecorder:
                 if math.isfinite(float(value)):
                     tb.add_scalar(f"global/{key}", float(value), round_index)
 
+    def set_site_metrics(self, round_index: int, metrics: dict[str, float], who: str = "the sites") -> None:
+        """The sites' (mean) metrics of the global model after ``round_index`` rounds, in their own
+        names: a name the server's record uses (:func:`~fedweigh.server.validation.check_site_metrics`,
+        the values the server wrote) is refused with a logged reason, so no site metric can
+        overwrite or break a server field."""
+        accepted, refused = check_site_metrics(who, metrics, self._server_keys)
+        for why in refused.values():
+            logger.warning("round %d: %s", round_index, why)
+        if accepted:
+            self.set_metrics(round_index, accepted)
+
     def set_round(self, round_index: int, weights: dict[str, float], values: dict[str, float]) -> None:
         """Sites, weights and schedule values of training round ``round_index``."""
+        self._server_keys.update(values)
         row = self._row(round_index)
         row["weights"] = {k: float(v) for k, v in weights.items()}
         row.update({k: float(v) for k, v in values.items()})
@@ -80,7 +97,7 @@ class RoundRecorder:
         ``values`` (e.g. ``round_seconds``) on row t."""
         t = outcome.round_index
         if outcome.metrics:
-            self.set_metrics(t - 1, outcome.metrics)
+            self.set_site_metrics(t - 1, outcome.metrics)
         self.set_excluded(t, outcome.excluded, updated=outcome.updated)
         if outcome.bounded:
             self._row(t)["bounded"] = dict(sorted(outcome.bounded.items()))

@@ -51,7 +51,7 @@ from fedweigh.server.safeguards import (
     norm_scales,
     objecting_sites,
 )
-from fedweigh.server.validation import check_meta, check_params, finite_metrics
+from fedweigh.server.validation import check_meta, check_params, check_site_metrics, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme
 from fedweigh.weighting.geometry import delta_gram64, delta_norms
 
@@ -323,6 +323,15 @@ class RoundStep:
         )
         return report, contribution
 
+    def _site_metrics(self, t: int, result: ClientResult) -> dict[str, float]:
+        """The site's metrics that may go on the record: finite numbers under metric names that are
+        not the server's (:func:`~fedweigh.server.validation.check_site_metrics`; the scheme's value
+        names are reserved as well); each refused name is logged with the reason."""
+        accepted, refused = check_site_metrics(result.site, result.metrics, set(scheme_values(self.scheme)))
+        for why in refused.values():
+            self.log(f"round {t}: {why}")
+        return accepted
+
     def _bound_norms(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
         """Exclude updates whose norm is not finite; scale every array of the others to the bound."""
         bound = self.safeguards.update_norm_bound
@@ -443,7 +452,7 @@ class RoundStep:
                 continue
             outcome.reports.append(report)
             contributions.append(contribution)
-            valid_metrics.append(result.metrics or {})
+            valid_metrics.append(self._site_metrics(t, result))
         answered = {r.site for r in results}
         for site in targets:
             if site not in answered:

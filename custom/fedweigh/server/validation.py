@@ -9,7 +9,8 @@ out of the round with the message as its reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ from fedweigh.errors import InvalidClientResult
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_REFUSED, META_SCALARS
 
 __all__ = [
+    "RESERVED_RECORD_NAMES",
+    "RESERVED_RECORD_PREFIXES",
     "CheckedMeta",
     "InvalidClientResult",
     "ResultLimits",
@@ -26,8 +29,32 @@ __all__ = [
     "check_meta",
     "check_params",
     "check_scalars",
+    "check_site_metrics",
     "finite_metrics",
 ]
+
+#: The fields the server writes on a round's record (``fedweigh_metrics.json`` rows, the CSV's
+#: columns): a site's metric may not take one of these names, nor any name starting with one of
+#: :data:`RESERVED_RECORD_PREFIXES` (the CSV's weight columns, the server's own measurements, the
+#: TensorBoard groups). The scheme's schedule values (FedDRAW's ``lambda``, ...) are reserved too,
+#: by the round step, which knows them.
+RESERVED_RECORD_NAMES = frozenset(
+    {
+        "round",
+        "rounds",
+        "scheme",
+        "weights",
+        "excluded",
+        "excluded_sites",
+        "bounded",
+        "global_updated",
+        "round_seconds",
+        "reason",
+    }
+)
+RESERVED_RECORD_PREFIXES = ("weight/", "weights/", "server_", "scheme/", "global/", "site/")
+#: A metric name: a letter, then letters, digits, ``_``, ``.``, ``-`` or ``/``; at most 64 characters.
+_METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -141,6 +168,50 @@ def check_meta(
     num_steps = check_count(site, META_NUM_STEPS, meta.get(META_NUM_STEPS, 1), limits.max_num_steps)
     scalars = check_scalars(site, meta.get(META_SCALARS), required_scalars, limits, ranges)
     return CheckedMeta(num_samples=num_samples, num_steps=num_steps, scalars=scalars)
+
+
+def check_site_metrics(
+    site: str, metrics: object, reserved: Collection[str] = ()
+) -> tuple[dict[str, float], dict[str, str]]:
+    """(accepted, refused) of a site's metrics: a metric is accepted when its name is a metric name
+    (a letter, then letters, digits, ``_``, ``.``, ``-``, ``/``; at most 64 characters), is not a server
+    field (:data:`RESERVED_RECORD_NAMES`, :data:`RESERVED_RECORD_PREFIXES`, ``reserved``) and its
+    value is a finite real number; ``refused`` maps each refused name to the reason, naming the site.
+
+    So a site's metrics never overwrite or break a field of the server's record, whatever it sends.
+    """
+    if metrics is None:
+        return {}, {}
+    if not isinstance(metrics, Mapping):
+        return {}, {"<metrics>": f"{site}: its metrics are a {type(metrics).__name__}, not a mapping"}
+    accepted: dict[str, float] = {}
+    refused: dict[str, str] = {}
+    for key, value in metrics.items():
+        name = key if isinstance(key, str) else repr(key)
+        if not isinstance(key, str) or not _METRIC_NAME.fullmatch(key):
+            refused[name[:80]] = (
+                f"{site}: metric name {name[:80]!r} is refused: a metric name is a letter, then "
+                "letters, digits, '_', '.', '-' or '/' (at most 64 characters)"
+            )
+            continue
+        if key in RESERVED_RECORD_NAMES or key in reserved or key.startswith(RESERVED_RECORD_PREFIXES):
+            refused[key] = f"{site}: metric {key!r} is refused: the name is reserved for the server's record"
+            continue
+        number = _finite_number(value)
+        if number is None:
+            continue  # not a finite number: dropped, as ever (a site may send other things)
+        accepted[key] = number
+    return accepted, refused
+
+
+def _finite_number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def finite_metrics(metrics: object) -> dict[str, float]:
