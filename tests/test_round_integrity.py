@@ -109,3 +109,97 @@ def test_check_site_metrics_names_the_site_and_the_reason():
     assert set(refused) == {"3", "a b", "weights", "beta"}
     assert all(why.startswith("site-2: metric") for why in refused.values())
     assert check_site_metrics("site-2", ["not", "a", "dict"])[0] == {}
+
+
+# --------------------------------------------------------------------------- 3. weights and counts
+def _fednova_round(forged_steps: int, **options):
+    g = g0()
+    results = [result(s, honest(s, g), steps=10) for s in SITES[:3]]
+    results.append(result("site-4", honest("site-4", g), steps=forged_steps))
+    step = RoundStep(
+        get_scheme("fednova"), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(**options)
+    )
+    return step.run(1, results, list(SITES)), g
+
+
+@pytest.mark.parametrize("forged", [1, 1000, 10**7])
+def test_fednova_with_a_forged_step_count_still_applies_a_distribution(forged):
+    outcome, g = _fednova_round(forged)
+    w = np.array(list(outcome.weights.values()))
+    assert outcome.updated and (w >= 0).all() and w.sum() == pytest.approx(1.0, abs=1e-12)
+    assert w.max() <= 0.5 + 1e-12  # and the cap holds on the distribution
+    # the global model moved by a convex mix of the updates: within their range, coordinate-wise
+    updates = np.stack([honest(s, g)["w"] for s in SITES])
+    assert (outcome.params["w"] >= updates.min(axis=0) - 1e-6).all()
+    assert (outcome.params["w"] <= updates.max(axis=0) + 1e-6).all()
+    # even with every other safeguard off, the weights the round applies sum to 1 (before: 2.5, 19, 187,500)
+    free, _ = _fednova_round(forged, max_share=None, update_norm_bound=None, min_update_cosine=None)
+    assert sum(free.weights.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_forged_step_count_far_from_the_others_is_clipped_to_the_bound():
+    outcome, _ = _fednova_round(10**7)
+    assert "num_steps=10000000 clipped to 1000 (within 100 x the median" in outcome.bounded["site-4"]
+    outcome, _ = _fednova_round(1, max_share=None)
+    assert "site-4" not in outcome.bounded  # 1 step against 10 is plausible: the weight cap bounds it
+    assert outcome.weights["site-4"] == pytest.approx(1 / 1.3)
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("fedavg", {}),
+        ("fedprox", {}),
+        ("fednova", {"local_optimizer": "sgd"}),
+        ("fedadp", {}),
+        ("ida", {}),
+        ("fedawa", {}),
+        ("feddraw", {}),
+        ("cbr", {}),
+        ("dafl", {}),
+        ("feddisco", {}),
+    ],
+)
+def test_every_schemes_weights_are_a_distribution_after_the_cap(name, options):
+    g = g0()
+    scalars = {"skew": 0.5, "imbalance": 2.0, "discrepancy": 0.1, "similarity": 0.5}
+    results = [
+        ClientResult(
+            s,
+            honest(s, g),
+            {
+                "num_samples": n,
+                "NUM_STEPS_CURRENT_ROUND": tau,
+                "fedweigh_scalars": dict(scalars, skew=0.2 * i),
+            },
+        )
+        for i, (s, n, tau) in enumerate(zip(SITES, (900, 50, 30, 31), (29, 2, 1, 1), strict=True))
+    ]
+    step = RoundStep(get_scheme(name, **options), PlaintextBackend(g), num_rounds=3)
+    outcome = step.run(1, results, list(SITES))
+    assert outcome.updated, outcome.reason
+    w = np.array(list(outcome.weights.values()))
+    assert (w >= 0).all() and w.sum() == pytest.approx(1.0, abs=1e-12) and w.max() <= 0.5 + 1e-12
+
+
+def test_a_sample_count_far_above_the_others_is_clipped_and_one_above_the_announced_is_refused():
+    from fedweigh.server.safeguards import AnnouncedCounts
+
+    g = g0()
+    results = [result(s, honest(s, g), n=100) for s in SITES[:3]]
+    results.append(result("site-4", honest("site-4", g), n=1_000_000))
+    step = RoundStep(
+        get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(max_share=None)
+    )
+    outcome = step.run(1, results, list(SITES))
+    assert "num_samples=1000000 clipped to 10000 (at most 100 x the median" in outcome.bounded["site-4"]
+    assert outcome.weights["site-4"] == pytest.approx(10_000 / 10_300)
+    # against the statistics phase: more than the site announced there is a lie, left out
+    announced = AnnouncedCounts({"site-1": 100, "site-2": 100, "site-3": 100, "site-4": 300})
+    step = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3, announced=announced)
+    outcome = step.run(1, results, list(SITES))
+    assert outcome.updated and set(outcome.weights) == set(SITES[:3])
+    assert (
+        "num_samples=1000000 exceeds the 300 it announced in the statistics phase"
+        in outcome.excluded["site-4"]
+    )

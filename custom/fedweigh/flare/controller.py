@@ -54,7 +54,12 @@ from fedweigh.server.loop import LoopSettings, TrainTask, Transport, ValidateTas
 from fedweigh.server.quorum import server_floor
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import AggregationBackend, ClientResult, PlaintextBackend, RoundOutcome, RoundStep
-from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND, Safeguards
+from fedweigh.server.safeguards import (
+    DEFAULT_MIN_UPDATE_COSINE,
+    DEFAULT_UPDATE_NORM_BOUND,
+    AnnouncedCounts,
+    Safeguards,
+)
 from fedweigh.server.validation import ResultLimits
 from fedweigh.weighting import get_scheme
 from fedweigh.weighting.base import WeightingScheme
@@ -333,11 +338,13 @@ class FedweighController(ModelController):
             self.info(f"resuming from {self.resume_from} after round {last}")
         all_sites = [c.name for c in self.engine.get_clients()]
         floor = server_floor(self.min_secure_sum, len(all_sites))
+        announced = AnnouncedCounts()  # N_k as the sites announce it in the statistics phase
         step = RoundStep(
             self._scheme,
             self._backend(to_numpy_dict(model.params)),
             num_rounds=self.num_rounds,
             safeguards=replace(self._safeguards, min_secure_sum=floor, source=_SOURCE),
+            announced=announced,
             log=self.warning,
         )
         recorder = RoundRecorder(out_dir, self.scheme, rows)
@@ -349,6 +356,9 @@ class FedweighController(ModelController):
         ):
             collected = run_statistics_phase(self, sorted(all_sites), self.statistics, floor, plan)
             tasks.note_refusals({"client_name": s, **m} for s, m in collected.items() if isinstance(m, dict))
+            for site, meta in collected.items():
+                if isinstance(meta, dict):
+                    announced.note(site, meta.get(META_NUM_SAMPLES))
             if not tasks.enough_sites():
                 recorder.close()
                 return

@@ -45,14 +45,16 @@ from fedweigh.server.quorum import parse_minimum, secure_sum_quorum
 from fedweigh.server.safeguards import (
     AUTO_CAP_MIN_SITES,
     AcceptedDigests,
+    AnnouncedCounts,
     Safeguards,
     cap_weights,
     direction_outliers,
     norm_scales,
     objecting_sites,
+    plausible_counts,
 )
 from fedweigh.server.validation import check_meta, check_params, check_site_metrics, finite_metrics
-from fedweigh.weighting.base import ClientReport, WeightingScheme
+from fedweigh.weighting.base import ClientReport, WeightingScheme, as_distribution
 from fedweigh.weighting.geometry import delta_gram64, delta_norms
 
 __all__ = [
@@ -260,6 +262,8 @@ class RoundStep:
             default: its defaults).
         digests: the digests of the results accepted so far, to refuse replays (default: a new
             store; pass one to keep it across steps).
+        announced: the sample counts the sites announced in the statistics phase (a result that
+            reports more is refused); the statistics phase fills it (default: an empty store).
         log: where warnings about left-out sites go (the controller passes NVFlare's logger).
     """
 
@@ -271,6 +275,7 @@ class RoundStep:
         num_rounds: int,
         safeguards: Safeguards | None = None,
         digests: AcceptedDigests | None = None,
+        announced: AnnouncedCounts | None = None,
         log: Callable[[str], None] | None = None,
     ):
         if backend.encrypted:
@@ -280,6 +285,7 @@ class RoundStep:
         self.num_rounds = num_rounds
         self.safeguards = safeguards if safeguards is not None else Safeguards()
         self.digests = digests if digests is not None else AcceptedDigests()
+        self.announced = announced if announced is not None else AnnouncedCounts()
         self.log = log or logger.warning
         self._fixed = True
 
@@ -308,6 +314,7 @@ class RoundStep:
         """(report without parameters, checked contribution) of one result; InvalidClientResult otherwise."""
         ranges = {name: self.scheme.scalar_range(name) for name in self.scalars}
         checked = check_meta(result.site, result.meta, self.scalars, self.safeguards.limits, ranges)
+        self.announced.check(result.site, checked.num_samples)
         try:
             contribution = self.backend.check_params(result.site, result.params)
         except InvalidClientResult:
@@ -331,6 +338,39 @@ class RoundStep:
         for why in refused.values():
             self.log(f"round {t}: {why}")
         return accepted
+
+    def _bound_counts(self, outcome: RoundOutcome) -> None:
+        """Clip the counts that drive weights to the round's plausible range: N_k to at most
+        ``max_count_ratio`` x the median of the other sites', tau_k to within that factor of theirs
+        either way (:func:`~fedweigh.server.safeguards.plausible_counts`; recorded under ``bounded``)."""
+        ratio = self.safeguards.limits.max_count_ratio
+        if ratio is None or len(outcome.reports) < 2:
+            return
+        sizes = plausible_counts(np.array([r.num_samples for r in outcome.reports]), ratio, lower=False)
+        steps = plausible_counts(np.array([r.num_steps for r in outcome.reports]), ratio, lower=True)
+        reports = []
+        for report, n, tau in zip(outcome.reports, sizes, steps, strict=True):
+            n, tau = max(1, int(np.floor(n))), max(1, int(np.ceil(tau)))
+            changed = []
+            if n != report.num_samples:
+                changed.append(
+                    f"num_samples={report.num_samples} clipped to {n} (at most {ratio:g} x the median "
+                    "of the other sites')"
+                )
+            if tau != report.num_steps:
+                changed.append(
+                    f"num_steps={report.num_steps} clipped to {tau} (within {ratio:g} x the median of "
+                    "the other sites', either way)"
+                )
+            if changed:
+                self._note_bounded(outcome, report.name, "; ".join(changed))
+                report = replace(report, num_samples=n, num_steps=tau)
+            reports.append(report)
+        outcome.reports = reports
+
+    def _note_bounded(self, outcome: RoundOutcome, site: str, what: str) -> None:
+        outcome.bounded[site] = f"{outcome.bounded[site]}; {what}" if site in outcome.bounded else what
+        self.log(f"round {outcome.round_index}: {site}: {what}")
 
     def _bound_norms(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
         """Exclude updates whose norm is not finite; scale every array of the others to the bound."""
@@ -360,11 +400,12 @@ class RoundStep:
             if (factors < 1.0).any():
                 before = float(np.sqrt(np.sum(row**2)))
                 after = float(np.sqrt(np.sum((row * factors) ** 2)))
-                outcome.bounded[report.name] = (
+                self._note_bounded(
+                    outcome,
+                    report.name,
                     f"update norm {before:.4g} scaled down to {after:.4g} ({int((factors < 1).sum())} of "
-                    f"{factors.size} arrays above {bound:g} x the median of the other sites')"
+                    f"{factors.size} arrays above {bound:g} x the median of the other sites')",
                 )
-                self.log(f"round {outcome.round_index}: {report.name}: {outcome.bounded[report.name]}")
                 contribution = self.backend.scale_update(contribution, factors)
             out.append(contribution)
         return out
@@ -460,6 +501,7 @@ class RoundStep:
                 self.log(f"round {t}: {site} sent no valid result in time; left out of this round")
         if valid_metrics:
             outcome.metrics = mean_metrics(valid_metrics)
+        self._bound_counts(outcome)
         contributions = self._bound_norms(outcome, contributions)
         contributions = self._check_directions(outcome, contributions)
         required = self.safeguards.min_secure_sum
@@ -473,6 +515,7 @@ class RoundStep:
             return outcome
         try:
             w = self.backend.weigh(self.scheme, outcome.reports, contributions, t, self.num_rounds)
+            w = as_distribution(w, [r.name for r in outcome.reports], scheme=self.scheme.name)
             cap = self.safeguards.cap(len(outcome.reports))
             if cap is not None:
                 w = cap_weights(w, cap)

@@ -10,7 +10,11 @@ they were measured against):
   consensus of the other sites' updates is left out (three or more updates; plaintext only);
 - :func:`cap_weights`: no site holds more than ``max_share`` of the round's weight
   (:func:`resolve_max_share`: half of it by default once three or more sites count);
-- :class:`AcceptedDigests`: a result identical to one the site sent in an earlier round is a replay.
+- :class:`AcceptedDigests`: a result identical to one the site sent in an earlier round is a replay;
+- :func:`plausible_counts`: a sample count far above, or a step count far from, the other sites'
+  of the round is clipped (``ResultLimits.max_count_ratio``);
+- :class:`AnnouncedCounts`: a sample count above what the site announced in the statistics phase is
+  refused.
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ __all__ = [
     "DEFAULT_MIN_UPDATE_COSINE",
     "DEFAULT_UPDATE_NORM_BOUND",
     "AcceptedDigests",
+    "AnnouncedCounts",
     "Safeguards",
     "cap_weights",
     "direction_outliers",
     "norm_scales",
     "objecting_sites",
     "params_digest",
+    "plausible_counts",
     "resolve_max_share",
     "update_cosines",
 ]
@@ -183,6 +189,27 @@ def direction_outliers(gram: np.ndarray, threshold: float) -> list[int]:
     return out
 
 
+def plausible_counts(counts: np.ndarray, ratio: float, *, lower: bool) -> np.ndarray:
+    """Per site, its count clipped to ``ratio`` x the median count of the OTHER sites of the round
+    (leave-one-out: a site never sets its own bound), and with ``lower`` also to at least that
+    median / ``ratio``; float64, one site alone is left as it is.
+
+    Sample counts are clipped from above only (a smaller N_k only lowers the site's own weight);
+    step counts both ways (FedNova weighs by 1 / tau_k, so a forged small tau_k raises the weight).
+    """
+    c = np.asarray(counts, dtype=np.float64).reshape(-1)
+    out = c.copy()
+    for k in range(c.size):
+        others = np.delete(c, k)
+        if others.size == 0:
+            continue
+        median = float(np.median(others))
+        out[k] = min(out[k], ratio * median)
+        if lower:
+            out[k] = max(out[k], median / ratio)
+    return out
+
+
 def cap_weights(weights: np.ndarray, max_share: float) -> np.ndarray:
     """Bound any one site's share of the total weight by ``max_share`` (water-filling).
 
@@ -220,6 +247,35 @@ def params_digest(params: Mapping[str, Any] | None) -> str:
         h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
         h.update(arr.tobytes())
     return h.hexdigest()
+
+
+class AnnouncedCounts:
+    """Per site, the training-set size N_k it announced in the statistics phase (in the clear meta of
+    its contribution); a training result reporting more than that is refused
+    (:meth:`check`). Filled by whoever runs the statistics phase, read by the round step; a site
+    that announced nothing is not checked."""
+
+    def __init__(self, counts: Mapping[str, Any] | None = None) -> None:
+        self._counts: dict[str, int] = {}
+        for site, count in (counts or {}).items():
+            self.note(site, count)
+
+    def note(self, site: str, count: object) -> None:
+        """Remember ``site``'s announced count (ignored unless a positive integer)."""
+        if isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count > 0:
+            self._counts[str(site)] = int(count)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def check(self, site: str, num_samples: int) -> None:
+        """InvalidClientResult when ``num_samples`` exceeds the count ``site`` announced."""
+        announced = self._counts.get(site)
+        if announced is not None and num_samples > announced:
+            raise InvalidClientResult(
+                f"{site}: num_samples={num_samples} exceeds the {announced} it announced in the "
+                "statistics phase"
+            )
 
 
 class AcceptedDigests:

@@ -22,6 +22,7 @@ from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_REFUSED, ME
 __all__ = [
     "RESERVED_RECORD_NAMES",
     "RESERVED_RECORD_PREFIXES",
+    "DEFAULT_MAX_COUNT_RATIO",
     "CheckedMeta",
     "InvalidClientResult",
     "ResultLimits",
@@ -57,13 +58,27 @@ RESERVED_RECORD_PREFIXES = ("weight/", "weights/", "server_", "scheme/", "global
 _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,63}")
 
 
+#: Default ``ResultLimits.max_count_ratio``: a site's sample count may be at most this many times
+#: the median of the other sites' in the round, and its step count within this factor of theirs
+#: either way (docs/security.md).
+DEFAULT_MAX_COUNT_RATIO = 100.0
+
+
 @dataclass(frozen=True)
 class ResultLimits:
-    """Plausibility bounds for client results."""
+    """Plausibility bounds for client results.
+
+    max_num_samples, max_num_steps: absolute bounds on N_k and tau_k (a result above is left out).
+    max_abs_scalar: bound on |scalar|.
+    max_count_ratio: N_k above ``max_count_ratio`` x the median N_j of the other sites of the round
+        is clipped to that bound, and so is tau_k outside [median / ratio, median x ratio] of the
+        others' step counts (:func:`fedweigh.server.safeguards.plausible_counts`; None: off).
+    """
 
     max_num_samples: int = 10_000_000
     max_num_steps: int = 10_000_000
     max_abs_scalar: float = 1e12
+    max_count_ratio: float | None = DEFAULT_MAX_COUNT_RATIO
 
 
 @dataclass

@@ -182,6 +182,30 @@ def normalise(values: np.ndarray, *, what: str) -> np.ndarray:
     return values / total
 
 
+def as_distribution(weights: np.ndarray, names: Sequence[str], *, scheme: str) -> np.ndarray:
+    """The weights a round applies: w_k / sum_j w_j, non-negative and summing to 1.
+
+    A scheme may give weights that do not sum to 1 (FedNova's tau_eff p_k / ||a_k||_1); as a step
+    size above 1 they let one forged step count blow the global model up, so the round applies
+    their proportions only. Float noise below 1e-12 of the total is taken as 0. ValueError naming
+    the scheme (and the site) for a weight that is not finite, a negative weight or a zero total.
+    """
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.size != len(names):
+        raise ValueError(f"{scheme}: {w.size} weight(s) for {len(names)} site(s)")
+    for name, wk in zip(names, w, strict=True):
+        if not math.isfinite(float(wk)):
+            raise ValueError(f"{scheme}: the weight of {name!r} is not finite ({float(wk)!r})")
+    total = float(w.sum())
+    if not total > 0 or not math.isfinite(total):
+        raise ValueError(f"{scheme}: the weights sum to {total!r}, not a positive number")
+    for name, wk in zip(names, w, strict=True):
+        if wk < -1e-12 * total:
+            raise ValueError(f"{scheme}: the weight of {name!r} is negative ({float(wk)!r})")
+    out = np.maximum(w, 0.0) / total
+    return out / out.sum()
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     """Numerically stable softmax of a vector."""
     z = np.asarray(logits, dtype=np.float64)
