@@ -203,3 +203,130 @@ def test_a_sample_count_far_above_the_others_is_clipped_and_one_above_the_announ
         "num_samples=1000000 exceeds the 300 it announced in the statistics phase"
         in outcome.excluded["site-4"]
     )
+
+
+# --------------------------------------------------------------------------- 2. the aggregate's check
+torch = pytest.importorskip("torch")
+
+
+class VarScale(torch.nn.Module):
+    """x / sqrt(var) with a learned variance: finite parameters, NaN outputs once a variance is negative."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.var = torch.nn.Parameter(torch.ones(n))
+
+    def forward(self, x):
+        return x / torch.sqrt(self.var)
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.BatchNorm1d(16),
+        VarScale(16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 2),
+    )
+
+
+def tiny_global() -> dict[str, np.ndarray]:
+    from fedweigh.train import get_params
+
+    g = get_params(tiny_model())
+    g["2.var"] = np.logspace(-4, 0, 16).astype(np.float32)
+    g["1.running_var"] = np.logspace(-3, 0, 16).astype(np.float32)
+    return g
+
+
+def tiny_update(site: str, g: dict) -> dict[str, np.ndarray]:
+    """An honest update: variances move by 5 % of themselves, weights by a common step plus noise."""
+    rng = np.random.default_rng(sum(map(ord, site)))
+    out = {}
+    for k, v in g.items():
+        if not np.issubdtype(v.dtype, np.floating):
+            out[k] = v + 2
+        elif k.endswith("var"):
+            out[k] = (v * (1 + 0.05 * rng.standard_normal(v.shape))).astype(v.dtype)
+        else:
+            out[k] = (v + 0.01 + 0.01 * rng.standard_normal(v.shape)).astype(v.dtype)
+    return out
+
+
+def outputs(params: dict) -> torch.Tensor:
+    from fedweigh.train import set_params
+
+    model = tiny_model().eval()
+    set_params(model, params)
+    with torch.no_grad():
+        return model(torch.randn(64, 8, generator=torch.Generator().manual_seed(5)))
+
+
+def tiny_step(g, probe=True, **options):
+    from fedweigh.server.model_check import ModelProbe
+
+    return RoundStep(
+        get_scheme("fedavg"),
+        PlaintextBackend(g),
+        num_rounds=3,
+        safeguards=Safeguards(**options),
+        probe=ModelProbe(tiny_model(), input_shape=(8,)) if probe else None,
+    )
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_a_negative_running_var_cannot_reach_the_global_model(probe):
+    g = tiny_global()
+    sent = {s: tiny_update(s, g) for s in SITES}
+    sent["site-4"]["1.running_var"] = np.full(16, -5.0, np.float32)  # finite, in range, honest weights
+    outcome = tiny_step(g, probe).run(1, [result(s, p) for s, p in sent.items()], list(SITES))
+    assert outcome.updated and set(outcome.weights) == set(SITES)  # its parameters still count
+    # the buffers are the coordinate-wise median over the sites: site-4's cannot move them
+    expected = np.median(np.stack([p["1.running_var"] for p in sent.values()]), axis=0)
+    np.testing.assert_allclose(outcome.params["1.running_var"], expected, rtol=1e-6)
+    assert (outcome.params["1.running_var"] > 0).all() and torch.isfinite(outputs(outcome.params)).all()
+    assert outcome.params["1.num_batches_tracked"] == g["1.num_batches_tracked"] + 2
+
+
+def test_with_two_sites_a_negative_running_var_keeps_the_last_good_model():
+    g = tiny_global()
+    sent = {s: tiny_update(s, g) for s in SITES[:2]}
+    sent["site-2"]["1.running_var"] = np.full(16, -5.0, np.float32)
+    step = tiny_step(g, probe=False)
+    outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES[:2]))
+    assert not outcome.updated and "not a majority" in outcome.reason
+    assert "BatchNorm variance '1.running_var' has" in outcome.excluded["site-2"]
+    assert step.backend.task_params()["1.running_var"] == pytest.approx(g["1.running_var"])
+
+
+def _noise_at_the_bound(sent: dict, g: dict, bound: float = 3.0) -> dict[str, np.ndarray]:
+    """Random noise on every float array of site-4's update, each just inside the norm bound."""
+    rng = np.random.default_rng(11)
+    out = {}
+    for k, v in g.items():
+        if not np.issubdtype(v.dtype, np.floating):
+            out[k] = sent["site-1"][k]
+            continue
+        others = np.median([np.linalg.norm(sent[s][k] - v) for s in SITES[:3]])
+        noise = rng.standard_normal(v.shape)
+        out[k] = (v + 0.99 * bound * others * noise / np.linalg.norm(noise)).astype(v.dtype)
+    return out
+
+
+def test_random_noise_at_the_norm_bound_that_makes_nan_outputs_is_found_and_left_out():
+    g = tiny_global()
+    sent = {s: tiny_update(s, g) for s in SITES[:3]}
+    sent["site-4"] = _noise_at_the_bound(sent, g)
+    results = [result(s, p) for s, p in sent.items()]
+    # without the probe, every array check passes and the sites get a model they cannot evaluate
+    blind = tiny_step(g, probe=False, min_update_cosine=None).run(1, results, list(SITES))
+    assert blind.updated and "site-4" not in blind.bounded and not torch.isfinite(outputs(blind.params)).all()
+    step = tiny_step(g, min_update_cosine=None)
+    outcome = step.run(1, results, list(SITES))
+    assert outcome.updated and set(outcome.weights) == set(SITES[:3])
+    assert sum(outcome.weights.values()) == pytest.approx(1.0)
+    why = outcome.excluded["site-4"]
+    assert "with its update the aggregate fails the server's check" in why and "probe batch" in why
+    assert torch.isfinite(outputs(outcome.params)).all()
+    assert all((step.backend.task_params()[k] == v).all() for k, v in outcome.params.items())

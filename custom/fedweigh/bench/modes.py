@@ -33,6 +33,7 @@ from fedweigh.histograms import global_stats_of
 from fedweigh.methods import MethodSpec
 from fedweigh.metrics import youden_thresholds
 from fedweigh.server.loop import LoopSettings, run_rounds
+from fedweigh.server.model_check import ModelProbe
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import PlaintextBackend, RoundStep, mean_metrics
 from fedweigh.site.args import ClientArgs
@@ -103,7 +104,12 @@ def run_federated(
     use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
     backend = PlaintextBackend(scorer.initial_params())
     step = RoundStep(
-        scheme, backend, num_rounds=config.rounds, safeguards=config.safeguards, log=logger.warning
+        scheme,
+        backend,
+        num_rounds=config.rounds,
+        safeguards=config.safeguards,
+        probe=ModelProbe(scorer.model),  # the controller's probe: the persistor's model
+        log=logger.warning,
     )
     sites = make_sites(fed.sites, fed.test, args, config.site_workers)
     recorder = RoundRecorder(None, str(spec.scheme))

@@ -51,6 +51,7 @@ from fedweigh.protocol import (
     TASK_VALIDATE,
 )
 from fedweigh.server.loop import LoopSettings, TrainTask, Transport, ValidateTask, run_rounds
+from fedweigh.server.model_check import ModelProbe
 from fedweigh.server.quorum import server_floor
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import AggregationBackend, ClientResult, PlaintextBackend, RoundOutcome, RoundStep
@@ -321,6 +322,19 @@ class FedweighController(ModelController):
         )
         return he_model
 
+    def _probe(self) -> ModelProbe | None:
+        """The server's probe of candidate global models: the persistor's model with a fixed
+        synthetic batch (:class:`~fedweigh.server.model_check.ModelProbe`); None under HE (the server
+        holds no plaintext model) or when the persistor holds no model of a known input shape."""
+        model = getattr(self.persistor, "model", None)
+        if self.he or model is None:
+            return None
+        try:
+            return ModelProbe(model)
+        except (ValueError, TypeError, RuntimeError) as e:
+            self.info(f"candidate global models get the array checks only, no probe batch: {e}")
+            return None
+
     # -- the workflow --------------------------------------------------------------------------
     def run(self) -> None:
         out_dir = self._out_dir()
@@ -345,6 +359,7 @@ class FedweighController(ModelController):
             num_rounds=self.num_rounds,
             safeguards=replace(self._safeguards, min_secure_sum=floor, source=_SOURCE),
             announced=announced,
+            probe=self._probe(),
             log=self.warning,
         )
         recorder = RoundRecorder(out_dir, self.scheme, rows)

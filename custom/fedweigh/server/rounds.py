@@ -41,6 +41,7 @@ import numpy as np
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.errors import InvalidClientResult
 from fedweigh.protocol import META_MIN_SECURE_SUM, ZERO_WEIGHT
+from fedweigh.server.model_check import ModelProbe, buffer_keys, model_problem, robust_buffers
 from fedweigh.server.quorum import parse_minimum, secure_sum_quorum
 from fedweigh.server.safeguards import (
     AUTO_CAP_MIN_SITES,
@@ -139,6 +140,21 @@ class AggregationBackend(ABC):
     def task_params(self) -> dict[str, Any]:
         """The global model as it is sent to the sites."""
 
+    def propose(
+        self,
+        scheme: WeightingScheme,
+        reports: Sequence[ClientReport],
+        contributions: Sequence[Any],
+        weights: np.ndarray,
+    ) -> Params:
+        """theta_g + sum_k w_k Delta_k as plaintext arrays, without making it the global model (the
+        round step checks it first, then :meth:`adopt`); only for backends that hold theta_g in clear."""
+        raise NotImplementedError
+
+    def adopt(self, params: Params) -> None:
+        """Make ``params`` (from :meth:`propose`) the global model."""
+        raise NotImplementedError
+
     def task_meta(self) -> dict[str, Any]:
         """Extra task meta the sites need to read :meth:`task_params` (default: none)."""
         return {}
@@ -212,11 +228,17 @@ class PlaintextBackend(AggregationBackend):
         full = [replace(r, params=c) for r, c in zip(reports, contributions, strict=True)]
         return np.asarray(scheme.weights(full, global_params, t, T), dtype=np.float64)
 
-    def aggregate(self, scheme, reports, contributions, weights):
+    def propose(self, scheme, reports, contributions, weights):
         global_params = self._start(contributions)
         full = [replace(r, params=c) for r, c in zip(reports, contributions, strict=True)]
-        new = {k: np.asarray(v) for k, v in scheme.aggregate(global_params, full, weights).items()}
-        self.global_params = self._reference = new
+        return {k: np.asarray(v) for k, v in scheme.aggregate(global_params, full, weights).items()}
+
+    def adopt(self, params: Params) -> None:
+        self.global_params = self._reference = params
+
+    def aggregate(self, scheme, reports, contributions, weights):
+        new = self.propose(scheme, reports, contributions, weights)
+        self.adopt(new)
         return new
 
     def task_params(self) -> dict[str, Any]:
@@ -264,6 +286,10 @@ class RoundStep:
             store; pass one to keep it across steps).
         announced: the sample counts the sites announced in the statistics phase (a result that
             reports more is refused); the statistics phase fills it (default: an empty store).
+        probe: the job's architecture with the server's probe batch: a candidate global model must
+            give finite outputs on it (:class:`~fedweigh.server.model_check.ModelProbe`); None:
+            only the array checks of :func:`~fedweigh.server.model_check.model_problem`, buffers
+            by name.
         log: where warnings about left-out sites go (the controller passes NVFlare's logger).
     """
 
@@ -276,6 +302,7 @@ class RoundStep:
         safeguards: Safeguards | None = None,
         digests: AcceptedDigests | None = None,
         announced: AnnouncedCounts | None = None,
+        probe: ModelProbe | None = None,
         log: Callable[[str], None] | None = None,
     ):
         if backend.encrypted:
@@ -286,6 +313,7 @@ class RoundStep:
         self.safeguards = safeguards if safeguards is not None else Safeguards()
         self.digests = digests if digests is not None else AcceptedDigests()
         self.announced = announced if announced is not None else AnnouncedCounts()
+        self.probe = probe
         self.log = log or logger.warning
         self._fixed = True
 
@@ -503,22 +531,22 @@ class RoundStep:
             outcome.metrics = mean_metrics(valid_metrics)
         self._bound_counts(outcome)
         contributions = self._bound_norms(outcome, contributions)
+        valid = len(outcome.reports)  # the valid results, before the safeguards leave any out
         contributions = self._check_directions(outcome, contributions)
         required = self.safeguards.min_secure_sum
         if self.backend.encrypted:
             contributions, required = self._secure_quorum(outcome, contributions, minimums)
         min_clients = self.safeguards.min_clients
-        if not outcome.reason and len(outcome.reports) < min_clients:
-            outcome.reason = f"{len(outcome.reports)} valid result(s), fewer than min_clients={min_clients}"
+        if not outcome.reason and valid < min_clients:
+            outcome.reason = f"{valid} valid result(s), fewer than min_clients={min_clients}"
+        if not outcome.reason:
+            outcome.reason = self._quorum_left(outcome, valid)
         if outcome.reason:
             self.log(f"round {t}: {outcome.reason}; the global model is left unchanged")
             return outcome
         try:
             w = self.backend.weigh(self.scheme, outcome.reports, contributions, t, self.num_rounds)
-            w = as_distribution(w, [r.name for r in outcome.reports], scheme=self.scheme.name)
-            cap = self.safeguards.cap(len(outcome.reports))
-            if cap is not None:
-                w = cap_weights(w, cap)
+            w = self._applied_weights(outcome.reports, w)
             if self.backend.encrypted:
                 active = int(np.sum(np.abs(w) >= ZERO_WEIGHT))
                 if active < required:
@@ -526,11 +554,122 @@ class RoundStep:
                         f"only {active} update(s) carry weight, fewer than the {required} an encrypted sum needs"
                     )
             values = scheme_values(self.scheme)
-            outcome.params = self.backend.aggregate(self.scheme, outcome.reports, contributions, w)
+            if self.backend.encrypted:
+                outcome.params = self.backend.aggregate(self.scheme, outcome.reports, contributions, w)
+            else:
+                w = self._checked_aggregate(outcome, contributions, w, valid)
         except ValueError as e:
             outcome.reason = f"the scheme could not weight this round ({e})"
             self.log(f"round {t}: {outcome.reason}; global model unchanged")
             return outcome
+        if not outcome.updated:
+            self.log(f"round {t}: {outcome.reason}; the global model is left unchanged")
+            return outcome
         outcome.weights = {r.name: float(wk) for r, wk in zip(outcome.reports, w, strict=True)}
         outcome.values = values
         return outcome
+
+    def _quorum_left(self, outcome: RoundOutcome, valid: int) -> str:
+        """Why the sites the safeguards kept cannot make the round ("" when they can): a strict
+        majority of the ``valid`` results must remain. When the safeguards left some out and a
+        majority remains, the round goes ahead with the rest and says so."""
+        kept = len(outcome.reports)
+        if kept == valid:
+            return ""
+        if 2 * kept <= valid:
+            return (
+                f"the safeguards left out {valid - kept} of {valid} valid result(s); {kept} remain, "
+                "not a majority of them"
+            )
+        self.log(
+            f"round {outcome.round_index}: aggregating the {kept} remaining of {valid} valid results "
+            f"({valid - kept} left out by the safeguards)"
+        )
+        return ""
+
+    def _applied_weights(self, reports: Sequence[ClientReport], w: np.ndarray) -> np.ndarray:
+        """The weights the round applies: the scheme's as a distribution, capped at ``max_share``."""
+        w = as_distribution(w, [r.name for r in reports], scheme=self.scheme.name)
+        cap = self.safeguards.cap(len(reports))
+        return cap_weights(w, cap) if cap is not None else w
+
+    def _candidate(
+        self, reports: Sequence[ClientReport], contributions: Sequence[Any], w: np.ndarray
+    ) -> tuple[Params | None, str | None]:
+        """(aggregate with robust buffers, why it cannot become the global model or None)."""
+        try:
+            candidate = self.backend.propose(self.scheme, reports, contributions, w)
+        except ValueError as e:
+            return None, str(e)
+        candidate = robust_buffers(candidate, contributions, buffer_keys(candidate, self.probe))
+        return candidate, model_problem(candidate, self.probe)
+
+    def _checked_aggregate(
+        self, outcome: RoundOutcome, contributions: list[Any], w: np.ndarray, valid: int
+    ) -> np.ndarray:
+        """Aggregate, check the candidate (:mod:`fedweigh.server.model_check`) and adopt it; when it
+        fails, leave out the one contribution without which it passes (leave-one-out) and adopt the
+        rest's aggregate if a majority of the valid results remains. Returns the weights applied
+        (``outcome.params`` stays None when nothing was adopted, with ``outcome.reason``)."""
+        t = outcome.round_index
+        candidate, problem = self._candidate(outcome.reports, contributions, w)
+        if problem is None:
+            self.backend.adopt(candidate)
+            outcome.params = candidate
+            return w
+        self.log(f"round {t}: the aggregate fails the server's check ({problem}); looking for its cause")
+        culprit = self._culprit(outcome.reports, contributions, w)
+        if culprit is None:
+            outcome.reason = (
+                f"the aggregate fails the server's check ({problem}) and leaving out any one site does "
+                "not mend it"
+            )
+            return w
+        site = outcome.reports[culprit].name
+        outcome.excluded[site] = (
+            f"{site}: with its update the aggregate fails the server's check ({problem}); without it, "
+            "it passes"
+        )
+        self.log(f"round {t}: skipping result: {outcome.excluded[site]}")
+        keep = [i for i in range(len(outcome.reports)) if i != culprit]
+        outcome.reports = [outcome.reports[i] for i in keep]
+        contributions = [contributions[i] for i in keep]
+        outcome.reason = self._quorum_left(outcome, valid)
+        if outcome.reason:
+            return w
+        w = self._applied_weights(outcome.reports, w[keep])
+        candidate, problem = self._candidate(outcome.reports, contributions, w)
+        if problem is not None:
+            outcome.reason = f"the aggregate of the other sites fails the server's check too ({problem})"
+            return w
+        self.backend.adopt(candidate)
+        outcome.params = candidate
+        return w
+
+    def _culprit(
+        self, reports: Sequence[ClientReport], contributions: Sequence[Any], w: np.ndarray
+    ) -> int | None:
+        """The contribution without which the aggregate passes its check (leave-one-out; the round's
+        other weights renormalised and capped). Several: the one whose own model fails the check,
+        else the largest update; none: None."""
+        if len(reports) < 2:
+            return None
+        fixes = []
+        for i in range(len(reports)):
+            keep = [j for j in range(len(reports)) if j != i]
+            rest = [reports[j] for j in keep]
+            _, problem = self._candidate(
+                rest, [contributions[j] for j in keep], self._applied_weights(rest, w[keep])
+            )
+            if problem is None:
+                fixes.append(i)
+        if len(fixes) <= 1:
+            return fixes[0] if fixes else None
+        broken = [i for i in fixes if model_problem(contributions[i], self.probe) is not None]
+        if len(broken) == 1:
+            return broken[0]
+        norms = self.backend.update_norms([contributions[i] for i in fixes])
+        if norms is None:
+            return fixes[0]
+        sizes = np.sqrt(np.sum(np.asarray(norms, dtype=np.float64) ** 2, axis=1))
+        return fixes[int(np.argmax(sizes))]
