@@ -517,8 +517,12 @@ def test_norm_bound_factors_are_at_most_one_and_reach_the_bound_exactly(norms, b
     np.testing.assert_array_equal(one_array, factors[:, 0])
 
 
-def outliers_by_definition(gram: np.ndarray, threshold: float) -> tuple[list[int], np.ndarray]:
-    """The direction check written out: (the outliers, per update the number of others it opposes)."""
+def outliers_by_definition(
+    gram: np.ndarray, threshold: float, updates: np.ndarray
+) -> tuple[list[int], np.ndarray]:
+    """The direction check written out: (the outliers, per update the number of others it opposes).
+    An outlier also pulls against the others' mean update m by at least half of it:
+    <Delta_i, m> <= -0.5 ||m||^2."""
     k = gram.shape[0]
     norms = np.sqrt(np.diag(gram))
     cos = np.ones((k, k))
@@ -530,8 +534,11 @@ def outliers_by_definition(gram: np.ndarray, threshold: float) -> tuple[list[int
     expected = []
     for i in range(k):
         others = [j for j in range(k) if j != i]
+        mean = updates[others].mean(axis=0)
+        pull = -float(updates[i] @ mean) / float(mean @ mean) if float(mean @ mean) > 0 else 0.0
         if 2 * below[i, others].sum() > len(others) and not below[np.ix_(others, others)].any():
-            expected.append(i)
+            if pull >= 0.5 - 1e-12:
+                expected.append(i)
     return expected, below.sum(axis=1)
 
 
@@ -554,7 +561,7 @@ def test_direction_outliers_are_the_updates_that_oppose_an_agreeing_majority(
     if zero and k > 2:
         updates[-1] = 0.0  # a zero update points nowhere: it agrees with everything
     gram = updates @ updates.T
-    expected, opposed = outliers_by_definition(gram, threshold)
+    expected, opposed = outliers_by_definition(gram, threshold, updates)
     helpers = round_helpers()
     assert helpers.direction_outliers(gram, threshold) == expected
     np.testing.assert_array_equal(helpers.objecting_sites(gram, threshold), opposed)
@@ -565,6 +572,7 @@ def test_direction_outliers_are_the_updates_that_oppose_an_agreeing_majority(
     [
         ([[1, 0], [1, 0.2], [-0.2, 1]], []),  # the third opposes exactly half of the others: kept
         ([[1, 0], [1, 0.2], [-1, -0.1]], [2]),  # it opposes both, which agree: left out
+        ([[1, 0], [1, 0.2], [-0.3, -0.1]], []),  # it opposes both, but would undo only 0.3 of their mean
         ([[1, 0], [1, 0.2], [0.9, 0.1], [-1, 0.3]], [3]),  # 3 of 3
         ([[1, 0], [1, 0.2], [0.9, -0.1], [-0.2, 1], [-0.3, -1]], []),  # 2 of 4 each, and they disagree
     ],
@@ -572,7 +580,7 @@ def test_direction_outliers_are_the_updates_that_oppose_an_agreeing_majority(
 def test_direction_outliers_at_the_majority_boundary(updates, outliers):
     u = np.asarray(updates, dtype=np.float64)
     gram = u @ u.T
-    assert outliers_by_definition(gram, 0.0)[0] == outliers
+    assert outliers_by_definition(gram, 0.0, u)[0] == outliers
     assert round_helpers().direction_outliers(gram, 0.0) == outliers
 
 

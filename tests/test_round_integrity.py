@@ -330,3 +330,55 @@ def test_random_noise_at_the_norm_bound_that_makes_nan_outputs_is_found_and_left
     assert "with its update the aggregate fails the server's check" in why and "probe batch" in why
     assert torch.isfinite(outputs(outcome.params)).all()
     assert all((step.backend.task_params()[k] == v).all() for k, v in outcome.params.items())
+
+
+# --------------------------------------------------------------------------- 8. honest runs lose nothing
+def test_a_trim_of_a_few_small_arrays_is_recorded_but_not_logged_as_a_scaled_update(caplog):
+    rng = np.random.default_rng(4)
+    g = {"a": np.zeros(4000, np.float32), "b": np.zeros(2, np.float32)}
+    sent = {
+        s: {"a": rng.normal(0, 0.1, 4000).astype(np.float32), "b": np.full(2, 0.001, np.float32)}
+        for s in SITES
+    }
+    sent["site-4"]["b"] = np.full(2, 0.01, np.float32)  # one tiny array above the bound
+    step = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3)
+    with caplog.at_level(logging.INFO, logger="fedweigh.server.rounds"):
+        outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
+    assert "1 of 2 arrays above 3 x the median" in outcome.bounded["site-4"]
+    trims = [r for r in caplog.records if "site-4: 1 of 2 arrays" in r.getMessage()]
+    assert [r.levelno for r in trims] == [logging.INFO]  # before: a warning every round
+    # a real scaling (the update's norm falls by 1 % or more) is a warning
+    sent["site-4"]["a"] = (sent["site-4"]["a"] * 10).astype(np.float32)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fedweigh.server.rounds"):
+        outcome = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3).run(
+            1, [result(s, p) for s, p in sent.items()], list(SITES)
+        )
+    loud = [r for r in caplog.records if "site-4: 2 of 2 arrays" in r.getMessage()]
+    assert [r.levelno for r in loud] == [logging.WARNING]
+
+
+def test_a_small_honest_update_leaning_away_is_kept_and_the_round_goes_on_with_a_majority():
+    """The direction check leaves out only an update that would undo much of the others' step."""
+    g = {"w": np.zeros(64, np.float32)}
+    rng = np.random.default_rng(2)
+    common = np.ones(64, np.float32) * 0.1
+    sent = {s: {"w": (common + rng.normal(0, 0.03, 64)).astype(np.float32)} for s in SITES[:3]}
+    sent["site-4"] = {
+        "w": (-0.05 * common + rng.normal(0, 0.003, 64)).astype(np.float32)
+    }  # small, leaning away
+    step = RoundStep(
+        get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(min_clients=4)
+    )
+    outcome = step.run(
+        1, [result(s, p, n=1000 if s != "site-4" else 10) for s, p in sent.items()], list(SITES)
+    )
+    assert outcome.updated and not outcome.excluded and set(outcome.weights) == set(SITES)
+    # a flipped update as large as the others is left out, and the round aggregates the other three
+    sent["site-4"] = {"w": (-sent["site-1"]["w"]).astype(np.float32)}
+    step = RoundStep(
+        get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3, safeguards=Safeguards(min_clients=4)
+    )
+    outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
+    assert outcome.updated and set(outcome.weights) == set(SITES[:3])  # before: min_clients=4 lost the round
+    assert "would undo 1 x their mean update" in outcome.excluded["site-4"]

@@ -45,6 +45,7 @@ from fedweigh.server.model_check import ModelProbe, buffer_keys, model_problem, 
 from fedweigh.server.quorum import parse_minimum, secure_sum_quorum
 from fedweigh.server.safeguards import (
     AUTO_CAP_MIN_SITES,
+    DIRECTION_MIN_PULL,
     AcceptedDigests,
     AnnouncedCounts,
     Safeguards,
@@ -53,6 +54,7 @@ from fedweigh.server.safeguards import (
     norm_scales,
     objecting_sites,
     plausible_counts,
+    pulls_against_others,
 )
 from fedweigh.server.validation import check_meta, check_params, check_site_metrics, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme, as_distribution
@@ -69,6 +71,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("fedweigh.server.rounds")
+
+#: An update whose norm the per-array bound lowered by at least this fraction is logged as scaled
+#: (a warning); smaller trims are recorded and logged at info level.
+SCALED_REPORT = 0.01
 
 
 def mean_metrics(metrics: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -396,9 +402,11 @@ class RoundStep:
             reports.append(report)
         outcome.reports = reports
 
-    def _note_bounded(self, outcome: RoundOutcome, site: str, what: str) -> None:
+    def _note_bounded(self, outcome: RoundOutcome, site: str, what: str, loud: bool = True) -> None:
+        """Record under ``bounded`` what a safeguard bounded of ``site``'s result; log it as a warning
+        when ``loud``, else at info level."""
         outcome.bounded[site] = f"{outcome.bounded[site]}; {what}" if site in outcome.bounded else what
-        self.log(f"round {outcome.round_index}: {site}: {what}")
+        (self.log if loud else logger.info)(f"round {outcome.round_index}: {site}: {what}")
 
     def _bound_norms(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
         """Exclude updates whose norm is not finite; scale every array of the others to the bound."""
@@ -428,12 +436,17 @@ class RoundStep:
             if (factors < 1.0).any():
                 before = float(np.sqrt(np.sum(row**2)))
                 after = float(np.sqrt(np.sum((row * factors) ** 2)))
-                self._note_bounded(
-                    outcome,
-                    report.name,
-                    f"update norm {before:.4g} scaled down to {after:.4g} ({int((factors < 1).sum())} of "
-                    f"{factors.size} arrays above {bound:g} x the median of the other sites')",
+                over = factors < 1.0
+                arrays_before = float(np.sqrt(np.sum(row[over] ** 2)))
+                arrays_after = float(np.sqrt(np.sum((row[over] * factors[over]) ** 2)))
+                what = (
+                    f"{int(over.sum())} of {factors.size} arrays above {bound:g} x the median of the other "
+                    f"sites' scaled down to it (their norm {arrays_before:.4g} -> {arrays_after:.4g}; "
+                    f"update norm {before:.6g} -> {after:.6g})"
                 )
+                # the log names a scaled update only when its norm fell by at least SCALED_REPORT;
+                # smaller trims of a few arrays go to the record and the info log
+                self._note_bounded(outcome, report.name, what, loud=after < (1.0 - SCALED_REPORT) * before)
                 contribution = self.backend.scale_update(contribution, factors)
             out.append(contribution)
         return out
@@ -453,6 +466,7 @@ class RoundStep:
         finite = np.where(np.isfinite(gram), gram, 0.0)
         objections = objecting_sites(finite, threshold)
         outliers = set(direction_outliers(finite, threshold))
+        pulls = pulls_against_others(finite)
         others = len(contributions) - 1
         keep = []
         for i, (report, count) in enumerate(zip(outcome.reports, objections, strict=True)):
@@ -464,7 +478,8 @@ class RoundStep:
             elif i in outliers:
                 outcome.excluded[report.name] = (
                     f"{report.name}: its update points away from {count} of the {others} other sites' updates, "
-                    f"which agree with each other (cosine below min_update_cosine={threshold:g})"
+                    f"which agree with each other (cosine below min_update_cosine={threshold:g}), and would "
+                    f"undo {pulls[i]:.2g} x their mean update (from {DIRECTION_MIN_PULL:g} on)"
                 )
                 self.log(f"round {outcome.round_index}: skipping result: {outcome.excluded[report.name]}")
             else:

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_SHARE",
     "DEFAULT_MIN_UPDATE_COSINE",
     "DEFAULT_UPDATE_NORM_BOUND",
+    "DIRECTION_MIN_PULL",
     "AcceptedDigests",
     "AnnouncedCounts",
     "Safeguards",
@@ -45,6 +46,7 @@ __all__ = [
     "norm_scales",
     "objecting_sites",
     "params_digest",
+    "pulls_against_others",
     "plausible_counts",
     "resolve_max_share",
     "update_cosines",
@@ -62,6 +64,9 @@ DEFAULT_UPDATE_NORM_BOUND = 3.0
 #: updates is below this, while those agree with each other, is left out (three or more updates,
 #: plaintext; :func:`direction_outliers`).
 DEFAULT_MIN_UPDATE_COSINE = 0.0
+#: The direction check leaves an update out only when it pulls against the other sites' mean update
+#: by at least this fraction of that mean's length (:func:`direction_outliers`, condition (c)).
+DIRECTION_MIN_PULL = 0.5
 
 #: The options of :class:`Safeguards` that a job sets (``limits`` is the server's own).
 _OPTIONS = ("min_clients", "max_share", "update_norm_bound", "min_update_cosine", "min_secure_sum")
@@ -167,16 +172,28 @@ def objecting_sites(gram: np.ndarray, threshold: float) -> np.ndarray:
     return (update_cosines(gram) < threshold).sum(axis=1)
 
 
-def direction_outliers(gram: np.ndarray, threshold: float) -> list[int]:
-    """The updates that point away from a consensus of the others.
+def direction_outliers(gram: np.ndarray, threshold: float, min_pull: float | None = None) -> list[int]:
+    """The updates that point away from a consensus of the others, far enough to undo much of it.
 
     Update k is an outlier when (a) its cosine with more than half of the other updates is below
-    ``threshold`` and (b) the other updates agree among themselves: no pair of them has a cosine
-    below ``threshold``. Without (b), updates that scatter in all directions, as honest sites' do late
-    in training or under strong label skew, would be left out at random (a round could lose every
-    site); with it, only an update that opposes updates which agree with each other is left out.
+    ``threshold``, (b) the other updates agree among themselves: no pair of them has a cosine
+    below ``threshold``, and (c) it pulls against the others' mean update m_-k at least ``min_pull``
+    times that mean's length: <Delta_k, m_-k> <= -min_pull ||m_-k||^2 (default
+    :data:`DIRECTION_MIN_PULL`; 0 drops the condition).
+
+    Without (b), updates that scatter in all directions, as honest sites' do late in training or
+    under strong label skew, would be left out at random (a round could lose every site); with it,
+    only an update that opposes updates which agree with each other is left out. Without (c), a
+    small honest site, whose few local steps point where its few images lead, is left out whenever
+    it leans slightly away from the large sites (the demo lost its smallest site, and with
+    ``min_clients`` equal to the number of sites whole rounds); an update that pulls against the
+    others by less than half their mean step cannot reverse it, and its weight and the norm bound
+    bound it further.
     """
-    cos = update_cosines(gram)
+    min_pull = DIRECTION_MIN_PULL if min_pull is None else float(min_pull)
+    g = np.asarray(gram, dtype=np.float64)
+    cos = update_cosines(g)
+    pulls = pulls_against_others(g)
     below = cos < threshold
     n = cos.shape[0]
     out = []
@@ -184,8 +201,26 @@ def direction_outliers(gram: np.ndarray, threshold: float) -> list[int]:
         others = [j for j in range(n) if j != k]
         if 2 * int(below[k, others].sum()) <= len(others):
             continue
-        if not below[np.ix_(others, others)].any():
+        if below[np.ix_(others, others)].any():
+            continue
+        if pulls[k] >= min_pull:
             out.append(k)
+    return out
+
+
+def pulls_against_others(gram: np.ndarray) -> np.ndarray:
+    """Per update k, -<Delta_k, m_-k> / ||m_-k||^2 with m_-k the mean of the OTHER updates: how
+    much of the others' mean step Delta_k would undo (0 where that mean is zero)."""
+    g = np.asarray(gram, dtype=np.float64)
+    n = g.shape[0]
+    out = np.zeros(n)
+    for k in range(n):
+        others = [j for j in range(n) if j != k]
+        if not others:
+            continue
+        pull = float(g[k, others].sum()) / len(others)  # <Delta_k, m_-k>
+        mean_sq = float(g[np.ix_(others, others)].sum()) / len(others) ** 2  # ||m_-k||^2
+        out[k] = -pull / mean_sq if mean_sq > 0 else 0.0
     return out
 
 
