@@ -96,9 +96,18 @@ class TestScorer:
 
 
 def run_federated(
-    spec: MethodSpec, fed: Federation, args: ClientArgs, config: BenchConfig, score_test: bool = True
+    spec: MethodSpec,
+    fed: Federation,
+    args: ClientArgs,
+    config: BenchConfig,
+    score_test: bool = True,
+    recorder: RoundRecorder | None = None,
 ) -> tuple[list[dict], np.ndarray]:
-    """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C))."""
+    """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C)).
+
+    ``recorder``: where the rounds are recorded (default: a new one in memory); it keeps the
+    controller's bookkeeping (``excluded``, ``bounded``, ``global_updated``), which the returned
+    rows leave out."""
     scheme = spec.make_scheme()
     scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
     use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
@@ -112,7 +121,7 @@ def run_federated(
         log=logger.warning,
     )
     sites = make_sites(fed.sites, fed.test, args, config.site_workers)
-    recorder = RoundRecorder(None, str(spec.scheme))
+    recorder = recorder if recorder is not None else RoundRecorder(None, str(spec.scheme))
     loop = LoopSettings(fed.sample_fraction, args.seed, eval_every=config.eval_every)
     try:
         if spec.needs_statistics():  # the statistics phase: sum_k v_k over all sites, decoded at each site

@@ -26,6 +26,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.protocol import META_NUM_SAMPLES
+from fedweigh.server.model_check import ModelProbe
 from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
 from fedweigh.server.safeguards import (
     DEFAULT_MIN_UPDATE_COSINE,
@@ -96,6 +97,7 @@ class FedweighAggregator(ModelAggregator):
         self._scheme = get_scheme(scheme, **self.scheme_args)
         check_stock_compatible(self._scheme)
         self._results: list[FLModel] = []
+        self._probe: ModelProbe | None | bool = False  # False: not looked up yet
         #: weights of the last aggregation, by site (for inspection and logging)
         self.last_weights: dict[str, float] = {}
 
@@ -121,6 +123,20 @@ class FedweighAggregator(ModelAggregator):
             site=str(meta.get("client_name", "?")), params=model.params, meta=meta, metrics=model.metrics
         )
 
+    def _model_probe(self) -> ModelProbe | None:
+        """The probe of candidate global models, from the job's ``persistor`` model when it has one
+        (:class:`~fedweigh.server.model_check.ModelProbe`); None: the array checks only."""
+        if self._probe is False:
+            self._probe = None
+            try:
+                persistor = self.fl_ctx.get_engine().get_component("persistor") if self.fl_ctx else None
+                model = getattr(persistor, "model", None)
+                if model is not None:
+                    self._probe = ModelProbe(model)
+            except Exception as e:  # no engine, no persistor, or a model of unknown input shape
+                self.info(f"candidate global models get the array checks only, no probe batch: {e}")
+        return self._probe or None
+
     def aggregate_model(self) -> FLModel:
         results, self._results = self._results, []
         current = int(self.fl_ctx.get_prop(AppConstants.CURRENT_ROUND, 0) or 0) if self.fl_ctx else 0
@@ -132,6 +148,7 @@ class FedweighAggregator(ModelAggregator):
             num_rounds=self.num_rounds,
             safeguards=self._safeguards,
             digests=self._digests,
+            probe=self._model_probe(),
             log=self.warning,
         )
         outcome = step.run(round_index, [self._client_result(r) for r in results])

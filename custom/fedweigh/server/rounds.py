@@ -7,24 +7,33 @@ stock-FedAvg aggregator (:class:`~fedweigh.flare.aggregator.FedweighAggregator`)
 path (its backend is :class:`fedweigh.server.encrypted.EncryptedGlobalModel`). Per round t:
 
 1. validate each site's :class:`ClientResult` (N_k, local steps, the scalars the scheme asked for
-   within the scheme's ranges, the parameters or ciphertexts through the backend, and that it is
-   not a replay of one of the site's earlier results); an invalid one is left out with its reason;
-2. bound each update's influence: an update whose norm exceeds ``update_norm_bound`` times the
+   within the scheme's ranges, the parameters or ciphertexts through the backend, N_k no more than
+   the site announced in the statistics phase, and that it is not a replay of one of the site's
+   earlier results); an invalid one is left out with its reason. Its metrics count under their own
+   names only (a name of the server's record is refused with a logged reason);
+2. clip the counts that drive weights to the round's plausible range (N_k at most 100 x the median
+   of the other sites', tau_k within 100 x of it either way);
+3. bound each update's influence: an update whose norm exceeds ``update_norm_bound`` times the
    median norm of the other sites' updates is scaled down to that bound, and one that points away
-   from a consensus of the others is left out (plaintext only: under HE the server cannot see
-   updates; :mod:`fedweigh.server.safeguards`);
-3. w = scheme.weights(reports, theta_g^{t-1}, t, T), capped at ``max_share`` of the total per site
-   (:func:`~fedweigh.server.safeguards.cap_weights`; by default half the round's weight once three
-   or more sites count);
-4. theta_g^t = backend.aggregate(...) = theta_g^{t-1} + sum_k w_k Delta_k (plaintext or CKKS; a
-   CKKS sum needs a quorum of contributions, :mod:`fedweigh.server.quorum`);
-5. a :class:`RoundOutcome` with the weights, the scheme's values, the excluded and bounded sites
+   from a consensus of the others, far enough to undo half of their mean step, is left out
+   (plaintext only: under HE the server cannot see updates; :mod:`fedweigh.server.safeguards`);
+4. w = scheme.weights(reports, theta_g^{t-1}, t, T) as a distribution (w / sum w), capped at
+   ``max_share`` per site (:func:`~fedweigh.server.safeguards.cap_weights`; by default half the
+   round's weight once three or more sites count);
+5. theta_g^t = backend.aggregate(...) = theta_g^{t-1} + sum_k w_k Delta_k (plaintext or CKKS; a
+   CKKS sum needs a quorum of contributions, :mod:`fedweigh.server.quorum`). In plaintext the
+   aggregate is a candidate: its buffers are the median over the sites, and it becomes the global
+   model only when it passes :func:`~fedweigh.server.model_check.model_problem` (finite arrays,
+   non-negative BatchNorm variances, finite outputs on the server's probe batch); otherwise the
+   site without which it passes is left out (leave-one-out) and the rest are aggregated;
+6. a :class:`RoundOutcome` with the weights, the scheme's values, the excluded and bounded sites
    and the mean of the sites' metrics, which :class:`fedweigh.server.records.RoundRecorder` turns into the
    run's rows.
 
 No single result can fail the round: every check excludes only the site that failed it, with the
-reason. Fewer than ``min_clients`` valid results, or a scheme that cannot weight the round, leave
-the global model unchanged (the outcome says so and why). docs/security.md lists the checks and the
+reason. Fewer than ``min_clients`` valid results, safeguards that leave no strict majority of them,
+an aggregate that fails its check however one site is left out, or a scheme that cannot weight the
+round, leave the global model unchanged (the outcome says so and why). docs/security.md lists the checks and the
 attacks they were measured against.
 """
 
