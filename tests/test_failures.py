@@ -92,10 +92,15 @@ def _load(records: Path, site: str, kind: str, round_index: int) -> dict[str, np
 
 
 def _aggregate(g: dict, trained: dict[str, dict], weights: dict[str, float]) -> dict[str, np.ndarray]:
-    """theta_g + sum_k w_k (theta_k - theta_g) over the floating-point arrays, in float64, as FedAvg."""
+    """theta_g + sum_k w_k (theta_k - theta_g) over the floating-point arrays, in float64, as FedAvg;
+    BatchNorm's running statistics the median over the sites from three sites on (the round's rule)."""
     out = {}
     for key, value in g.items():
         if value.dtype.kind != "f":
+            continue
+        if key.rsplit(".", 1)[-1] in ("running_mean", "running_var") and len(weights) >= 3:
+            stack = np.stack([trained[s][key].astype(np.float64) for s in weights])
+            out[key] = np.median(stack, axis=0).astype(value.dtype)
             continue
         g64 = value.astype(np.float64)
         out[key] = (

@@ -382,3 +382,23 @@ def test_a_small_honest_update_leaning_away_is_kept_and_the_round_goes_on_with_a
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
     assert outcome.updated and set(outcome.weights) == set(SITES[:3])  # before: min_clients=4 lost the round
     assert "would undo 1 x their mean update" in outcome.excluded["site-4"]
+
+
+def test_the_probe_runs_the_jobs_architecture_and_refuses_a_model_it_cannot_run():
+    from fedweigh.models.base import FedweighNet
+    from fedweigh.server.model_check import ModelProbe, model_problem
+    from fedweigh.train import get_params
+
+    net = FedweighNet(
+        arch="densenet_compact", num_classes=14, in_channels=1, img_size=32, norm="batch", seed=0
+    )
+    probe = ModelProbe(net)
+    assert tuple(probe.batch.shape) == (4, 1, 32, 32) and "net.features.norm0.running_var" in probe.buffer_keys
+    params = get_params(net)
+    assert model_problem(params, probe) is None
+    bad = dict(params)
+    weight = next(k for k in params if k.endswith("conv0.weight"))
+    bad[weight] = np.full_like(params[weight], 3e38)  # finite, and the outputs overflow
+    assert "outputs on the server's probe batch are not finite" in model_problem(bad, probe)
+    with pytest.raises(ValueError, match="in_channels / img_size"):
+        ModelProbe(torch.nn.Linear(3, 2))

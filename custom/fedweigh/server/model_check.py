@@ -71,6 +71,21 @@ class ModelProbe:
             input_shape = (int(channels), int(side), int(side))
         generator = torch.Generator().manual_seed(seed)
         self.batch = torch.randn((size, *tuple(input_shape)), generator=generator)
+        try:  # the probe must work on the model as given, or it cannot judge candidates
+            self._outputs()
+        except Exception as e:
+            raise ValueError(f"ModelProbe: {type(inner).__name__} cannot run the probe batch: {e}") from None
+
+    def _outputs(self) -> Any:
+        import torch
+
+        with torch.no_grad():
+            out = self._model(self.batch)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"the model returns a {type(out).__name__}, not a tensor")
+        return out
 
     def problem(self, params: Mapping[str, np.ndarray]) -> str | None:
         """Why the model with ``params`` cannot serve the sites (None: its probe outputs are finite)."""
@@ -82,10 +97,10 @@ class ModelProbe:
             set_params(self._model, params)
         except ValueError as e:
             return f"it does not load into the model ({e})"
-        with torch.no_grad():
-            out = self._model(self.batch)
-        if isinstance(out, (tuple, list)):
-            out = out[0]
+        try:
+            out = self._outputs()
+        except Exception as e:  # the architecture ran the probe batch at construction: these params break it
+            return f"the model fails on the server's probe batch ({type(e).__name__}: {e})"
         finite = torch.isfinite(out)
         if not bool(finite.all()):
             bad = int((~finite).sum())
