@@ -39,11 +39,13 @@ from typing import Any
 import numpy as np
 
 from fedweigh.arrays import Params, to_numpy_dict
-from fedweigh.errors import InvalidClientResult
+from fedweigh.errors import ConfigError, InvalidClientResult
 from fedweigh.protocol import META_MIN_SECURE_SUM, ZERO_WEIGHT
 from fedweigh.server.quorum import parse_minimum, secure_sum_quorum
+from fedweigh.server.robust import RobustAggregation, screen_updates
 from fedweigh.server.safeguards import (
     AUTO_CAP_MIN_SITES,
+    ROBUST_OPTIONS,
     AcceptedDigests,
     Safeguards,
     cap_weights,
@@ -275,6 +277,16 @@ class RoundStep:
     ):
         if backend.encrypted:
             scheme.check_he()
+        if backend.encrypted and safeguards is not None and safeguards.robust:
+            name = next(
+                n for n in ROBUST_OPTIONS if n != "trim" and getattr(safeguards, n) not in (None, "mean")
+            )
+            raise ConfigError(
+                "round safeguards",
+                name,
+                getattr(safeguards, name),
+                "the robust options need plaintext updates: turn them off when updates are encrypted (he=True)",
+            )
         self.scheme = scheme
         self.backend = backend
         self.num_rounds = num_rounds
@@ -394,6 +406,22 @@ class RoundStep:
         outcome.reports = [outcome.reports[i] for i in keep]
         return [contributions[i] for i in keep]
 
+    def _screen(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
+        """The robust options that act before weighting (clipping, the per-array direction check,
+        multi-Krum; :func:`fedweigh.server.robust.screen_updates`); plaintext only."""
+        g = getattr(self.backend, "global_params", None)
+        if not self.safeguards.robust or self.backend.encrypted or g is None or not contributions:
+            return contributions
+        screened = screen_updates(self.safeguards, g, [r.name for r in outcome.reports], contributions)
+        for site, note in screened.bounded.items():
+            outcome.bounded[site] = "; ".join(filter(None, (outcome.bounded.get(site), note)))
+            self.log(f"round {outcome.round_index}: {site}: {note}")
+        for site, why in screened.excluded.items():
+            outcome.excluded[site] = why
+            self.log(f"round {outcome.round_index}: skipping result: {why}")
+        outcome.reports = [outcome.reports[i] for i in screened.keep]
+        return screened.contributions
+
     def _secure_quorum(
         self, outcome: RoundOutcome, contributions: list[Any], minimums: dict[str, int]
     ) -> tuple[list[Any], int]:
@@ -453,6 +481,7 @@ class RoundStep:
             outcome.metrics = mean_metrics(valid_metrics)
         contributions = self._bound_norms(outcome, contributions)
         contributions = self._check_directions(outcome, contributions)
+        contributions = self._screen(outcome, contributions)
         required = self.safeguards.min_secure_sum
         if self.backend.encrypted:
             contributions, required = self._secure_quorum(outcome, contributions, minimums)
@@ -474,7 +503,10 @@ class RoundStep:
                         f"only {active} update(s) carry weight, fewer than the {required} an encrypted sum needs"
                     )
             values = scheme_values(self.scheme)
-            outcome.params = self.backend.aggregate(self.scheme, outcome.reports, contributions, w)
+            aggregator = self.scheme
+            if self.safeguards.aggregator != "mean":
+                aggregator = RobustAggregation(self.scheme, self.safeguards.aggregator, self.safeguards.trim)
+            outcome.params = self.backend.aggregate(aggregator, outcome.reports, contributions, w)
         except ValueError as e:
             outcome.reason = f"the scheme could not weight this round ({e})"
             self.log(f"round {t}: {outcome.reason}; global model unchanged")
