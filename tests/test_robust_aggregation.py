@@ -278,3 +278,34 @@ def test_robust_options_are_refused_under_he():
         RoundStep(
             get_scheme("fedavg"), Encrypted(_g0()), num_rounds=2, safeguards=Safeguards(aggregator="median")
         )
+
+
+def test_a_recipe_passes_the_robust_options_to_the_controller(tmp_path):
+    import json
+
+    from fedweigh.flare.recipes import FedweighRecipe
+
+    recipe = FedweighRecipe(
+        name="robust",
+        scheme="fedavg",
+        min_clients=2,
+        aggregator="trimmed_mean",
+        trim=0.2,
+        krum_f=1,
+        array_cosine=0.0,
+        clip_norm=5,
+    )
+    recipe.export(str(tmp_path))
+    server = json.loads((tmp_path / "robust/app/config/config_fed_server.json").read_text())
+    args = next(w for w in server["workflows"] if w["id"] == "controller")["args"]
+    assert {k: args[k] for k in ("aggregator", "trim", "krum_f", "array_cosine", "clip_norm")} == {
+        "aggregator": "trimmed_mean",
+        "trim": 0.2,
+        "krum_f": 1,
+        "array_cosine": 0.0,
+        "clip_norm": 5.0,
+    }
+    with pytest.raises(ConfigError, match="aggregator = 'mode'"):
+        FedweighRecipe(name="bad", scheme="fedavg", min_clients=2, aggregator="mode")
+    with pytest.raises(ValueError, match="need plaintext updates"):
+        FedweighRecipe(name="he", scheme="fedavg", min_clients=2, he=True, aggregator="median")

@@ -198,7 +198,9 @@ def _plan_line(config, args: argparse.Namespace, jobs: int, site_workers: int) -
         else f"{jobs} cell process(es) x {site_workers} site process(es)"
     )
     extra = (
-        f" (+ {tuning} tuning cell(s) on {config.tuning.scenario}, seed {config.tuning.seed})" if tuning else ""
+        f" (+ {tuning} tuning cell(s) on {config.tuning.scenario}, seed {config.tuning.seed})"
+        if tuning
+        else ""
     )
     return (
         f"fedweigh bench: {config.dataset}, profile {config.profile}: {len(config.scenarios)} scenario(s) x "

@@ -106,12 +106,12 @@ class Safeguards:
     update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND
     min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE
     min_secure_sum: int = ABSOLUTE_MIN
+    limits: ResultLimits = field(default_factory=ResultLimits)
     aggregator: str = "mean"
     trim: float = 0.25
     krum_f: int | None = None
     array_cosine: float | None = None
     clip_norm: float | None = None
-    limits: ResultLimits = field(default_factory=ResultLimits)
     source: InitVar[str] = "round safeguards"
 
     def __post_init__(self, source: str) -> None:
