@@ -167,6 +167,10 @@ ATTACKS = [
     Attack("statistics vector of the wrong length", "wrong-length", "dafl", "statistics phase"),
     Attack("statistics ciphertext at the wrong scale", "stats-scale", "dafl", "statistics phase"),
     Attack("update ciphertext at the wrong scale (HE)", "he-scale", "fedavg-he", "round step (HE)"),
+]
+#: Where the attacks added for issue 25 start (``--issue-25``).
+FIRST_ISSUE_25 = len(ATTACKS)
+ATTACKS += [
     # BatchNorm statistics, noise and layer-targeted updates at the norm bound
     Attack("BatchNorm running_var driven negative at the norm bound", "bn-negvar", "fedavg", "round step"),
     Attack("BatchNorm running_var driven negative at the norm bound", "bn-negvar", "fedbb", "round step"),
@@ -673,6 +677,45 @@ def _he_rows(fed, keys: Keys, mode: str) -> list[dict]:
     return [dict(r, he=True) for r in module.run_he_attacks(sys.modules[__name__], fed, keys, mode)]
 
 
+def _write(ns: argparse.Namespace, rows: list[dict], clean: dict, summary: dict, complete: bool) -> None:
+    """The run's JSON (``complete`` false while attacks remain)."""
+    command = f"PYTHONPATH=custom .venv/bin/python benchmarks/bench_attacks.py --safeguards {ns.safeguards}"
+    flags = [
+        *(["--skip-simulator"] if ns.skip_simulator else []),
+        *(["--issue-25"] if ns.issue_25 else []),
+        *([f"--rounds {ns.rounds}"] if ns.rounds != 5 else []),
+        *([f"--only '{ns.only}'"] if ns.only else []),
+    ]
+    record = {
+        "command": " ".join([command, *flags, f"--out {ns.out}"]),
+        "complete": complete,
+        "settings": {
+            "client": {
+                k: v
+                for k, v in vars(ARGS).items()
+                if k in ("dataset", "scenario", "num_images", "size", "max_steps", "batch_size")
+            },
+            "sites": list(SITES),
+            "attacker": ATTACKER,
+            "colluders": list(PAIR),
+            "rounds": ROUNDS,
+            "safeguards": ns.safeguards,
+            "safeguard_options": {k: v for k, v in vars(SAFEGUARDS[ns.safeguards]).items() if k != "limits"},
+            "bound_factor": BOUND_FACTOR,
+            "forged_count_factor": FORGED_COUNT,
+            "server_secure_sum_floor": SERVER_FLOOR,
+            "site_policy_min_secure_sum": SITE_MIN,
+            "train_timeout_s": TRAIN_TIMEOUT,
+            "python": sys.version.split()[0],
+            "torch_threads": torch.get_num_threads(),
+        },
+        "clean_auc": {k: round(v.auc, 4) for k, v in clean.items()},
+        "attacks": rows,
+        "summary": summary,
+    }
+    atomic_write_text(Path(ns.out), json.dumps(record, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -689,6 +732,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-simulator", action="store_true", help="run only the in-process attacks")
     parser.add_argument("--only", default=None, help="run only the attacks whose name contains this text")
     parser.add_argument(
+        "--issue-25",
+        action="store_true",
+        help="run only the attacks added for issue 25 (BatchNorm, noise, classifier flip, forged steps, "
+        "label-flip, FedDisco, site metrics, colluders), not the earlier malformed-result ones",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="training rounds per run (default 5)"
+    )
+    parser.add_argument(
         "--markdown", default=None, help="print the table of a results JSON and exit (no run)"
     )
     ns = parser.parse_args(argv)
@@ -701,9 +753,10 @@ def main(argv: list[str] | None = None) -> int:
         ARGS.scenario, ARGS.dataset, size=ARGS.size, seed=ARGS.seed, num_images=ARGS.num_images
     )
     keys = Keys()
+    globals()["ROUNDS"] = ns.rounds  # every run of this process
     attacks = [
         a
-        for a in ATTACKS
+        for a in (ATTACKS[FIRST_ISSUE_25:] if ns.issue_25 else ATTACKS)
         if not (ns.skip_simulator and a.path == "simulator") and (ns.only is None or ns.only in a.name)
     ]
     clean: dict[str, RunResult] = {}
@@ -733,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
                     False, [], [f"the job crashed: {type(e).__name__}: {e}"], 0.0, float("nan"), 0.0
                 )
             rows.append(attack_row(attack, run, clean[reference]))
+            if ns.out:  # what has run so far, so that an interrupted run leaves its rows
+                _write(ns, rows, clean, summarise(rows), complete=False)
             r = rows[-1]
             print(
                 f"{attack.name[:50]:<50} {r['family']:<9} {len(attack.attackers)} {attack.path:<17} "
@@ -744,39 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += _he_rows(fed, keys, ns.safeguards)
     summary = summarise(rows)
     if ns.out:
-        out = Path(ns.out)
-        command = (
-            f"PYTHONPATH=custom .venv/bin/python benchmarks/bench_attacks.py --safeguards {ns.safeguards}"
-        )
-        record = {
-            "command": command + (" --skip-simulator" if ns.skip_simulator else "") + f" --out {ns.out}",
-            "settings": {
-                "client": {
-                    k: v
-                    for k, v in vars(ARGS).items()
-                    if k in ("dataset", "scenario", "num_images", "size", "max_steps", "batch_size")
-                },
-                "sites": list(SITES),
-                "attacker": ATTACKER,
-                "colluders": list(PAIR),
-                "rounds": ROUNDS,
-                "safeguards": ns.safeguards,
-                "safeguard_options": {
-                    k: v for k, v in vars(SAFEGUARDS[ns.safeguards]).items() if k != "limits"
-                },
-                "bound_factor": BOUND_FACTOR,
-                "forged_count_factor": FORGED_COUNT,
-                "server_secure_sum_floor": SERVER_FLOOR,
-                "site_policy_min_secure_sum": SITE_MIN,
-                "train_timeout_s": TRAIN_TIMEOUT,
-                "python": sys.version.split()[0],
-                "torch_threads": torch.get_num_threads(),
-            },
-            "clean_auc": {k: round(v.auc, 4) for k, v in clean.items()},
-            "attacks": rows,
-            "summary": summary,
-        }
-        atomic_write_text(out, json.dumps(record, indent=1) + "\n")
+        _write(ns, rows, clean, summary, complete=True)
     print(summary_line(summary))
     return 0 if summary["crashed_or_stalled"] == 0 else 1
 

@@ -179,3 +179,26 @@ def test_honest_cost_pairs_each_cell_with_its_run_without_safeguards(tmp_path):
     assert "| robust | -0." in table and "| 2 | 6 | 2 |" in table
     with pytest.raises(ValueError, match="'off' setting"):
         honest_cost({"deploy": dirs["deploy"]}, cells)
+
+
+def test_the_bench_takes_the_robust_options_and_keys_its_cells_by_them():
+    from fedweigh.bench.cells import settings_hash
+    from fedweigh.bench.cli import _bench_config
+    from fedweigh.bench.config import make_config
+    from fedweigh.cli import build_parser
+
+    argv = ["bench", "--safeguards", "robust", "--aggregator", "trimmed_mean", "--krum-f", "1"]
+    args = build_parser().parse_args([*argv, "--clip-norm", "3", "--out", "x"])
+    g = _bench_config(args).safeguards
+    assert (g.aggregator, g.krum_f, g.clip_norm, g.array_cosine, g.max_share) == (
+        "trimmed_mean",
+        1,
+        3.0,
+        0.0,
+        "auto",
+    )
+    hashes = {
+        name: settings_hash(make_config("smoke", "synthcxr", safeguards=name), "iid-4", "fedavg", 0)
+        for name in ("off", "deploy", "robust")
+    }
+    assert len(set(hashes.values())) == 3
