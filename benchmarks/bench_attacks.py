@@ -643,7 +643,14 @@ def summary_line(s: dict) -> str:
 
 
 def markdown_table(record: dict) -> str:
-    """The results of a run (its JSON) as the table of docs/security.md."""
+    """The results of a run (its JSON) as the table of docs/security.md (files written before the
+    columns ``family``, ``attackers`` and ``he`` existed read as one attacker, plaintext unless the path
+    says HE)."""
+    for r in record["attacks"]:
+        r.setdefault("attackers", [ATTACKER])
+        r.setdefault("he", "HE" in r["path"])
+        r.setdefault("family", FAMILY.get(r["method"], "-"))
+    record = {**record, "summary": summarise(record["attacks"])}
     lines = [
         "| attack | family | path | attackers | completed, no stall | left out or bounded, and why "
         "| largest weight of the attackers | AUC | clean AUC | AUC drop |",
@@ -737,9 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run only the attacks added for issue 25 (BatchNorm, noise, classifier flip, forged steps, "
         "label-flip, FedDisco, site metrics, colluders), not the earlier malformed-result ones",
     )
-    parser.add_argument(
-        "--rounds", type=int, default=5, help="training rounds per run (default 5)"
-    )
+    parser.add_argument("--rounds", type=int, default=5, help="training rounds per run (default 5)")
     parser.add_argument(
         "--markdown", default=None, help="print the table of a results JSON and exit (no run)"
     )
