@@ -168,7 +168,7 @@ ATTACKS = [
     Attack("statistics ciphertext at the wrong scale", "stats-scale", "dafl", "statistics phase"),
     Attack("update ciphertext at the wrong scale (HE)", "he-scale", "fedavg-he", "round step (HE)"),
 ]
-#: Where the attacks added for issue 25 start (``--issue-25``).
+#: Where the attacks with in-range values start (``--in-range``).
 FIRST_ISSUE_25 = len(ATTACKS)
 ATTACKS += [
     # BatchNorm statistics, noise and layer-targeted updates at the norm bound
@@ -739,9 +739,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-simulator", action="store_true", help="run only the in-process attacks")
     parser.add_argument("--only", default=None, help="run only the attacks whose name contains this text")
     parser.add_argument(
+        "--in-range",
         "--issue-25",
+        dest="issue_25",
         action="store_true",
-        help="run only the attacks added for issue 25 (BatchNorm, noise, classifier flip, forged steps, "
+        help="run only the attacks with in-range values (BatchNorm, noise, classifier flip, forged steps, "
         "label-flip, FedDisco, site metrics, colluders), not the earlier malformed-result ones",
     )
     parser.add_argument("--rounds", type=int, default=5, help="training rounds per run (default 5)")
