@@ -232,6 +232,19 @@ def check_server_values(values: Mapping[str, Any], source: str) -> None:
     value = values.get("min_update_cosine")
     if value is not None and not (_is_number(value) and -1.0 <= value <= 1.0):
         c.fail("min_update_cosine", "null (off) or a number in [-1, 1]")
+    if "aggregator" in values and values["aggregator"] not in ("mean", "median", "trimmed_mean"):
+        c.fail("aggregator", "'mean' (the scheme's weighted mean), 'median' or 'trimmed_mean'")
+    if "trim" in values and not (_is_number(values["trim"]) and 0.0 <= values["trim"] < 0.5):
+        c.fail("trim", "a number in [0, 0.5)")
+    value = values.get("krum_f")
+    if value is not None and not (_is_int(value) and value >= 1):
+        c.fail("krum_f", "null (off) or an integer >= 1")
+    value = values.get("array_cosine")
+    if value is not None and not (_is_number(value) and -1.0 <= value <= 1.0):
+        c.fail("array_cosine", "null (off) or a number in [-1, 1]")
+    value = values.get("clip_norm")
+    if value is not None and not (_is_number(value) and value > 0.0):
+        c.fail("clip_norm", "null (off) or a finite number > 0")
     value, rounds = values.get("stop_after"), values.get("num_rounds")
     if value is not None and not (_is_int(value) and 1 <= value <= (rounds if _is_int(rounds) else value)):
         c.fail("stop_after", f"null or an integer in 1..num_rounds={rounds}")

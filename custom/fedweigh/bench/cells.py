@@ -19,6 +19,7 @@ import numpy as np
 
 from fedweigh.bench.config import BenchConfig, cell_args
 from fedweigh.io import atomic_write_npz, atomic_write_text
+from fedweigh.server.safeguards import ROBUST_OPTIONS
 
 __all__ = ["CELLS_DIR", "cell_key", "is_done", "load_cell", "load_cell_scores", "settings_hash", "store_cell"]
 
@@ -90,6 +91,8 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         "threshold": config.threshold,
         "eval_every": config.eval_every,
         "safeguards": [guards.max_share, guards.update_norm_bound, guards.min_update_cosine],
+        # the robust options only when one is on, so that cells stored before them stay valid
+        **({"robust": [getattr(guards, n) for n in ROBUST_OPTIONS]} if guards.robust else {}),
         "method": spec.as_dict(),
     }
     if any(sc.name == scenario for sc in config.scenario_defs):  # a file's scenario: its definition

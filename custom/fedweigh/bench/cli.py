@@ -24,6 +24,9 @@ _SAFEGUARD_FLAGS = {
     "--max-share": "cap on one site's share of a round's weight: auto, a number in (0, 1], or none",
     "--update-norm-bound": "bound on each update's norm, in medians of the other sites' (none: off)",
     "--min-update-cosine": "leave out an update opposing a consensus of the others' (none: off)",
+    "--trim": "weight mass the trimmed mean cuts from each tail, in [0, 0.5)",
+    "--array-cosine": "the direction check per array: leave out the arrays of an update that oppose the others' (none: off)",
+    "--clip-norm": "clip every update to this absolute L2 norm, as Flower's fixed clipping (none: off)",
 }
 
 
@@ -121,13 +124,21 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     )
     add(
         "--safeguards",
-        choices=("off", "deploy"),
+        choices=("off", "deploy", "robust"),
         default="off",
-        help="the server's safeguards: off (default: the schemes as their papers define them) or deploy "
-        "(the NVFlare controller's defaults); the three options below override one each",
+        help="the server's safeguards: off (default: the schemes as their papers define them), deploy "
+        "(the NVFlare controller's defaults) or robust (deploy with the weighted median and the per-array "
+        "direction check); the options below override one each",
     )
     for flag, help_text in _SAFEGUARD_FLAGS.items():
         add(flag, type=_safeguard, default=argparse.SUPPRESS, help=help_text)
+    add(
+        "--aggregator",
+        choices=("mean", "median", "trimmed_mean"),
+        default=argparse.SUPPRESS,
+        help="the scheme's weighted mean, or a weighted median / trimmed mean with the scheme's weights",
+    )
+    add("--krum-f", type=_krum_f, default=argparse.SUPPRESS, help="multi-Krum: sites tolerated (none: off)")
     add(
         "--cluster",
         default=None,
@@ -160,6 +171,16 @@ def _safeguard(text: str) -> float | str | None:
         raise argparse.ArgumentTypeError(f"expected a number, 'auto' or 'none', got {text!r}") from None
 
 
+def _krum_f(text: str) -> int | None:
+    """``--krum-f``'s value: ``none`` or an integer (checked by the safeguards' rule)."""
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
+
+
 def _bench_config(args: argparse.Namespace):
     """The :class:`fedweigh.bench.runner.BenchConfig` the parsed arguments describe (ValueError,
     KeyError or ConfigError naming a bad one)."""
@@ -168,7 +189,16 @@ def _bench_config(args: argparse.Namespace):
 
     guards = {
         k: getattr(args, k)
-        for k in ("max_share", "update_norm_bound", "min_update_cosine")
+        for k in (
+            "max_share",
+            "update_norm_bound",
+            "min_update_cosine",
+            "aggregator",
+            "trim",
+            "krum_f",
+            "array_cosine",
+            "clip_norm",
+        )
         if hasattr(args, k)
     }
     return make_config(

@@ -24,7 +24,7 @@ from fedweigh.data.scenario_file import load_scenario_file
 from fedweigh.data.scenarios import Scenario, get_scenario
 from fedweigh.errors import ConfigError
 from fedweigh.methods import CLIENT_OPTION_ALIASES, CLIENT_OPTIONS, MethodSpec, parse_method
-from fedweigh.server.safeguards import Safeguards
+from fedweigh.server.safeguards import ROBUST_OPTIONS, Safeguards
 from fedweigh.site.args import ClientArgs
 
 __all__ = [
@@ -124,12 +124,19 @@ class Tuning:
 #: alone; ``"deploy"`` applies the NVFlare controller's defaults, to measure what a federation runs.
 #: Off by default because, in converged runs, the direction check and the norm bound act on honest
 #: sites: most often on the site whose data differ most from the others' (docs/bench.md).
-SAFEGUARDS: dict[str, Safeguards] = {"off": Safeguards.off(), "deploy": Safeguards()}
+#: ``"robust"``: the defaults with the weighted coordinate-wise median and the per-array direction
+#: check (:mod:`fedweigh.server.robust`; docs/security.md measures what they cost and stop).
+SAFEGUARDS: dict[str, Safeguards] = {
+    "off": Safeguards.off(),
+    "deploy": Safeguards(),
+    "robust": Safeguards(aggregator="median", array_cosine=0.0),
+}
 
 
 def bench_safeguards(preset: str = "off", **options: Any) -> Safeguards:
     """The safeguards of preset ``preset`` (:data:`SAFEGUARDS`) with ``options`` (``max_share``,
-    ``update_norm_bound``, ``min_update_cosine``, ``min_clients``) set over it."""
+    ``update_norm_bound``, ``min_update_cosine``, ``min_clients`` and the robust options
+    ``aggregator``, ``trim``, ``krum_f``, ``array_cosine``, ``clip_norm``) set over it."""
     if preset not in SAFEGUARDS:
         raise ValueError(f"safeguards must be one of {', '.join(SAFEGUARDS)}, got {preset!r}")
     return replace(SAFEGUARDS[preset], **options, source=_SOURCE)
@@ -218,6 +225,7 @@ class BenchConfig:
             "max_share": guards.max_share,
             "update_norm_bound": guards.update_norm_bound,
             "min_update_cosine": guards.min_update_cosine,
+            **{name: getattr(guards, name) for name in ROBUST_OPTIONS},
             "tune": [asdict(t) for t in tuning.specs] if tuning else [],
             "tune_scenario": tuning.scenario if tuning else None,
             "tune_seed": tuning.seed if tuning else None,

@@ -41,7 +41,7 @@ from fedweigh.site.trainer import SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, predict, set_params
 from fedweigh.weighting.geometry import use_model_buffers
 
-__all__ = ["TestScorer", "run_cell", "run_centralized", "run_federated", "run_local"]
+__all__ = ["TestScorer", "run_cell", "run_centralized", "run_federated", "run_local", "safeguard_audit"]
 
 logger = logging.getLogger("fedweigh.bench")
 
@@ -102,8 +102,9 @@ def run_federated(
     config: BenchConfig,
     score_test: bool = True,
     recorder: RoundRecorder | None = None,
-) -> tuple[list[dict], np.ndarray]:
-    """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C)).
+) -> tuple[list[dict], np.ndarray, dict]:
+    """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C),
+    :func:`safeguard_audit`).
 
     ``recorder``: where the rounds are recorded (default: a new one in memory); it keeps the
     controller's bookkeeping (``excluded``, ``bounded``, ``global_updated``), which the returned
@@ -132,7 +133,22 @@ def run_federated(
         run_rounds(step, InProcessSites(sites, scorer.metrics), recorder, plan, loop, log=logger.info)
     finally:
         sites.close()
-    return _plain_rows(recorder.rows), scorer.scores(backend.task_params())[None]
+    return (
+        _plain_rows(recorder.rows),
+        scorer.scores(backend.task_params())[None],
+        safeguard_audit(recorder.rows),
+    )
+
+
+def safeguard_audit(rows: list[dict]) -> dict:
+    """What the server's safeguards did in a run (the recorder's rows): site-rounds left out and
+    bounded (scaled, clipped or arrays left out), and the training rounds that left the model unchanged."""
+    trained = [r for r in rows if r.get("round", 0) >= 1 and "global_updated" in r]
+    return {
+        "site_rounds_left_out": sum(len(r.get("excluded", {})) for r in trained),
+        "site_rounds_bounded": sum(len(r.get("bounded", {})) for r in trained),
+        "rounds_unchanged": [r["round"] for r in trained if not r["global_updated"]],
+    }
 
 
 def _plain_rows(rows: list[dict]) -> list[dict]:
@@ -216,11 +232,12 @@ def run_cell(
         fed = without_test(fed)
     score_test = not validation_only
     t0 = time.perf_counter()
+    audit = None
     with warnings.catch_warnings():
         # a small site's validation split under label skew lacks classes: scikit-learn says so per call
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
         if spec.kind == "federated":
-            rows, scores = run_federated(spec, fed, args, config, score_test)
+            rows, scores, audit = run_federated(spec, fed, args, config, score_test)
         elif spec.kind == "centralized":
             rows, scores = run_centralized(fed, args, config, score_test)
         else:
@@ -238,6 +255,7 @@ def run_cell(
         "sites": [s.name for s in fed.sites],
         "rounds": config.rounds,
         "rows": rows,
+        **({"safeguards": audit} if audit is not None else {}),
         "seconds": time.perf_counter() - t0,
     }
     return record, scores, np.asarray(fed.test.labels)

@@ -58,6 +58,7 @@ from fedweigh.server.rounds import AggregationBackend, ClientResult, PlaintextBa
 from fedweigh.server.safeguards import (
     DEFAULT_MIN_UPDATE_COSINE,
     DEFAULT_UPDATE_NORM_BOUND,
+    ROBUST_OPTIONS,
     AnnouncedCounts,
     Safeguards,
 )
@@ -159,6 +160,14 @@ class FedweighController(ModelController):
         min_secure_sum: the fewest contributions to any secure sum (the label statistics, an
             encrypted model aggregate) before anything is decrypted; at most the number of sites,
             never below 2; each site's policy may ask for more (default 3).
+        aggregator: ``"mean"`` (default: the scheme's weighted mean), ``"median"`` (weighted
+            coordinate-wise median) or ``"trimmed_mean"`` (weighted trimmed mean), with the scheme's
+            weights (plaintext updates; :mod:`fedweigh.server.robust`, docs/security.md).
+        trim: the weight mass the trimmed mean cuts from each tail, in [0, 0.5) (default 0.25).
+        krum_f: multi-Krum: keep the K - f updates closest to their neighbours (None: off).
+        array_cosine: the direction check per array, so that an update flipping a few arrays (the
+            classifier) is caught: those arrays are left out of it (None: off).
+        clip_norm: clip every update to this absolute L2 norm, as Flower's fixed clipping (None: off).
         stop_after: end this run after that round (its state is saved; continue it with
             ``resume_from``).
         memory_gc_rounds: every that many rounds, free the round's client results and return the
@@ -189,6 +198,11 @@ class FedweighController(ModelController):
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
         min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
         min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
+        aggregator: str = "mean",
+        trim: float = 0.25,
+        krum_f: int | None = None,
+        array_cosine: float | None = None,
+        clip_norm: float | None = None,
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (the round step)
@@ -220,8 +234,20 @@ class FedweighController(ModelController):
             min_update_cosine,
             min_secure_sum,
             ResultLimits(max_num_samples=max_num_samples),
+            aggregator=aggregator,
+            trim=trim,
+            krum_f=krum_f,
+            array_cosine=array_cosine,
+            clip_norm=clip_norm,
             source=_SOURCE,
         )
+        for name in ROBUST_OPTIONS:
+            setattr(self, name, getattr(self._safeguards, name))
+        if self.he and self._safeguards.robust:
+            raise ValueError(
+                f"{_SOURCE}: aggregator, krum_f, array_cosine and clip_norm need plaintext updates: "
+                "turn them off with he=True"
+            )
         self.max_share = self._safeguards.max_share  # numbers as floats
         self.update_norm_bound = self._safeguards.update_norm_bound
         self.min_update_cosine = self._safeguards.min_update_cosine

@@ -247,6 +247,11 @@ class ServerOptions:
     update_norm_bound: float | None
     min_secure_sum: int
     min_update_cosine: float | None
+    aggregator: str
+    trim: float
+    krum_f: int | None
+    array_cosine: float | None
+    clip_norm: float | None
 
     def controller(self, persistor_id: str) -> FedweighController:
         """The job's controller with these options and the persistor ``persistor_id``."""
@@ -281,6 +286,14 @@ class FedweighRecipe(Recipe):
             below this with more than half of them, which agree with each other; default 0; None: off).
         min_secure_sum: the fewest contributions to any secure sum (default 3, at most the number of
             sites; each site's policy may ask for more).
+        aggregator: ``"mean"`` (default: the scheme's weighted mean), ``"median"`` (weighted
+            coordinate-wise median) or ``"trimmed_mean"`` (weighted trimmed mean), with the scheme's
+            weights (plaintext updates; :mod:`fedweigh.server.robust`, docs/security.md).
+        trim: the weight mass the trimmed mean cuts from each tail, in [0, 0.5) (default 0.25).
+        krum_f: multi-Krum: keep the K - f updates closest to their neighbours (None: off).
+        array_cosine: the direction check per array, so that an update flipping a few arrays (the
+            classifier) is caught: those arrays are left out of it (None: off).
+        clip_norm: clip every update to this absolute L2 norm, as Flower's fixed clipping (None: off).
         stop_after: end the run after that round; continue it with ``resume_from``.
         bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
             deployment); by default the job expects fedweigh installed where it runs.
@@ -332,6 +345,11 @@ class FedweighRecipe(Recipe):
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
         min_secure_sum: int = DEFAULT_MIN_SECURE_SUM,
         min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE,
+        aggregator: str = "mean",
+        trim: float = 0.25,
+        krum_f: int | None = None,
+        array_cosine: float | None = None,
+        clip_norm: float | None = None,
         train_script: str | None = None,
         train_args: str = "",
         initial_ckpt: str | None = None,
@@ -377,6 +395,11 @@ class FedweighRecipe(Recipe):
             update_norm_bound=update_norm_bound,
             min_secure_sum=min_secure_sum,
             min_update_cosine=min_update_cosine,
+            aggregator=aggregator,
+            trim=trim,
+            krum_f=krum_f,
+            array_cosine=array_cosine,
+            clip_norm=clip_norm,
         )
         job = _new_job(
             name, min_clients, ([] if bundle else ["fedweigh"]) + installed_model_packages(model, bundle)

@@ -48,13 +48,15 @@ from typing import Any
 import numpy as np
 
 from fedweigh.arrays import Params, to_numpy_dict
-from fedweigh.errors import InvalidClientResult
+from fedweigh.errors import ConfigError, InvalidClientResult
 from fedweigh.protocol import META_MIN_SECURE_SUM, ZERO_WEIGHT
 from fedweigh.server.model_check import ModelProbe, buffer_keys, model_problem, robust_buffers
 from fedweigh.server.quorum import parse_minimum, secure_sum_quorum
+from fedweigh.server.robust import RobustAggregation, screen_updates
 from fedweigh.server.safeguards import (
     AUTO_CAP_MIN_SITES,
     DIRECTION_MIN_PULL,
+    ROBUST_OPTIONS,
     AcceptedDigests,
     AnnouncedCounts,
     Safeguards,
@@ -322,6 +324,16 @@ class RoundStep:
     ):
         if backend.encrypted:
             scheme.check_he()
+        if backend.encrypted and safeguards is not None and safeguards.robust:
+            name = next(
+                n for n in ROBUST_OPTIONS if n != "trim" and getattr(safeguards, n) not in (None, "mean")
+            )
+            raise ConfigError(
+                "round safeguards",
+                name,
+                getattr(safeguards, name),
+                "the robust options need plaintext updates: turn them off when updates are encrypted (he=True)",
+            )
         self.scheme = scheme
         self.backend = backend
         self.num_rounds = num_rounds
@@ -496,6 +508,22 @@ class RoundStep:
         outcome.reports = [outcome.reports[i] for i in keep]
         return [contributions[i] for i in keep]
 
+    def _screen(self, outcome: RoundOutcome, contributions: list[Any]) -> list[Any]:
+        """The robust options that act before weighting (clipping, the per-array direction check,
+        multi-Krum; :func:`fedweigh.server.robust.screen_updates`); plaintext only."""
+        g = getattr(self.backend, "global_params", None)
+        if not self.safeguards.robust or self.backend.encrypted or g is None or not contributions:
+            return contributions
+        screened = screen_updates(self.safeguards, g, [r.name for r in outcome.reports], contributions)
+        for site, note in screened.bounded.items():
+            outcome.bounded[site] = "; ".join(filter(None, (outcome.bounded.get(site), note)))
+            self.log(f"round {outcome.round_index}: {site}: {note}")
+        for site, why in screened.excluded.items():
+            outcome.excluded[site] = why
+            self.log(f"round {outcome.round_index}: skipping result: {why}")
+        outcome.reports = [outcome.reports[i] for i in screened.keep]
+        return screened.contributions
+
     def _secure_quorum(
         self, outcome: RoundOutcome, contributions: list[Any], minimums: dict[str, int]
     ) -> tuple[list[Any], int]:
@@ -557,6 +585,7 @@ class RoundStep:
         contributions = self._bound_norms(outcome, contributions)
         valid = len(outcome.reports)  # the valid results, before the safeguards leave any out
         contributions = self._check_directions(outcome, contributions)
+        contributions = self._screen(outcome, contributions)
         required = self.safeguards.min_secure_sum
         if self.backend.encrypted:
             contributions, required = self._secure_quorum(outcome, contributions, minimums)
@@ -579,7 +608,7 @@ class RoundStep:
                     )
             values = scheme_values(self.scheme)
             if self.backend.encrypted:
-                outcome.params = self.backend.aggregate(self.scheme, outcome.reports, contributions, w)
+                outcome.params = self.backend.aggregate(self._aggregator(), outcome.reports, contributions, w)
             else:
                 w = self._checked_aggregate(outcome, contributions, w, valid)
         except ValueError as e:
@@ -617,12 +646,19 @@ class RoundStep:
         cap = self.safeguards.cap(len(reports))
         return cap_weights(w, cap) if cap is not None else w
 
+    def _aggregator(self) -> Any:
+        """The scheme itself (the weighted mean), or the robust aggregation the safeguards name, with
+        the scheme's weights (:mod:`fedweigh.server.robust`)."""
+        if self.safeguards.aggregator == "mean":
+            return self.scheme
+        return RobustAggregation(self.scheme, self.safeguards.aggregator, self.safeguards.trim)
+
     def _candidate(
         self, reports: Sequence[ClientReport], contributions: Sequence[Any], w: np.ndarray
     ) -> tuple[Params | None, str | None]:
         """(aggregate with robust buffers, why it cannot become the global model or None)."""
         try:
-            candidate = self.backend.propose(self.scheme, reports, contributions, w)
+            candidate = self.backend.propose(self._aggregator(), reports, contributions, w)
         except ValueError as e:
             return None, str(e)
         candidate = robust_buffers(candidate, contributions, buffer_keys(candidate, self.probe))

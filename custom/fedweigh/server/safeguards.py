@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_MIN_UPDATE_COSINE",
     "DEFAULT_UPDATE_NORM_BOUND",
     "DIRECTION_MIN_PULL",
+    "ROBUST_OPTIONS",
     "AcceptedDigests",
     "AnnouncedCounts",
     "Safeguards",
@@ -70,6 +71,8 @@ DIRECTION_MIN_PULL = 0.5
 
 #: The options of :class:`Safeguards` that a job sets (``limits`` is the server's own).
 _OPTIONS = ("min_clients", "max_share", "update_norm_bound", "min_update_cosine", "min_secure_sum")
+#: The robust options (:mod:`fedweigh.server.robust`; all off by default, plaintext only).
+ROBUST_OPTIONS = ("aggregator", "trim", "krum_f", "array_cosine", "clip_norm")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,17 @@ class Safeguards:
             plaintext only. None: off.
         min_secure_sum: under HE, the fewest updates an encrypted sum may hold (raised by the
             minimum each contributing site announces; :func:`fedweigh.server.quorum.secure_sum_quorum`).
+        aggregator: ``"mean"`` (default: the scheme's weighted mean), ``"median"`` (weighted
+            coordinate-wise median) or ``"trimmed_mean"`` (weighted trimmed mean, ``trim`` of the weight
+            cut from each tail), both with the scheme's weights (:mod:`fedweigh.server.robust`).
+        trim: the weight mass the trimmed mean cuts from each tail, in [0, 0.5) (default 0.25).
+        krum_f: multi-Krum: keep the K - f updates closest to their neighbours, leave out the others
+            (None: off).
+        array_cosine: the direction check applied to each array alone (threshold, as
+            ``min_update_cosine``): an update's arrays that point away from a consensus of the others'
+            are left out (None: off).
+        clip_norm: clip every update to this absolute L2 norm over all its floating-point arrays,
+            min(1, C / ||Delta||) as Flower's fixed clipping (None: off).
         limits: plausibility bounds on counts and scalars.
         source: who set the options, named by the error a bad one raises (not stored).
 
@@ -104,11 +118,23 @@ class Safeguards:
     min_update_cosine: float | None = DEFAULT_MIN_UPDATE_COSINE
     min_secure_sum: int = ABSOLUTE_MIN
     limits: ResultLimits = field(default_factory=ResultLimits)
+    aggregator: str = "mean"
+    trim: float = 0.25
+    krum_f: int | None = None
+    array_cosine: float | None = None
+    clip_norm: float | None = None
     source: InitVar[str] = "round safeguards"
 
     def __post_init__(self, source: str) -> None:
-        check_server_values({name: getattr(self, name) for name in _OPTIONS}, source)
-        for name in ("max_share", "update_norm_bound", "min_update_cosine"):
+        check_server_values({name: getattr(self, name) for name in (*_OPTIONS, *ROBUST_OPTIONS)}, source)
+        for name in (
+            "max_share",
+            "update_norm_bound",
+            "min_update_cosine",
+            "trim",
+            "array_cosine",
+            "clip_norm",
+        ):
             value = getattr(self, name)
             if isinstance(value, (int, float)):
                 object.__setattr__(self, name, float(value))
@@ -118,6 +144,16 @@ class Safeguards:
         """No weight cap, no norm bound, no direction check (the schemes as their papers define them);
         ``given`` sets any option."""
         return cls(**{"max_share": None, "update_norm_bound": None, "min_update_cosine": None, **given})
+
+    @property
+    def robust(self) -> bool:
+        """Whether any robust option (:data:`ROBUST_OPTIONS`) is on (they need plaintext updates)."""
+        return (
+            self.aggregator != "mean"
+            or self.krum_f is not None
+            or self.array_cosine is not None
+            or self.clip_norm is not None
+        )
 
     def cap(self, num_sites: int) -> float | None:
         """The weight cap of a round in which ``num_sites`` sites count (:func:`resolve_max_share`)."""
