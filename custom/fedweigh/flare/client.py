@@ -41,6 +41,7 @@ from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_ta
 from fedweigh.io import atomic_write_npz
 from fedweigh.protocol import (
     META_HE,
+    META_HE_REFUSED,
     META_MIN_SECURE_SUM,
     META_NUM_SAMPLES,
     META_NUM_STEPS,
@@ -48,30 +49,41 @@ from fedweigh.protocol import (
     META_REFUSED,
     META_REFUSED_JOB,
     META_SCALARS,
+    META_SITE_ERROR,
     TASK_STATS,
     TASK_TRAIN,
 )
 from fedweigh.site.args import ClientArgs, parse_args
 from fedweigh.site.data_config import resolve_site_data
+from fedweigh.site.he_guard import HEModelGuard
 from fedweigh.site.policy import PrivacyGuard, PrivacyLedger, SitePolicy, ledger_path, load_site_policy
 from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import get_params, set_params
 
 logger = logging.getLogger("fedweigh.client")
 
-__all__ = ["ClientArgs", "ClientLoop", "follow_budget", "main", "refusal_model", "task_refusal"]
+__all__ = [
+    "ClientArgs",
+    "ClientLoop",
+    "describe_error",
+    "error_model",
+    "follow_budget",
+    "main",
+    "refusal_model",
+    "task_refusal",
+]
 
 #: Where a site keeps the decrypted global model under HE (in its working folder).
 HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
 
 
 def _he_decode(received: dict, he_meta: dict, reference: Params, min_contributions: int):
-    """(decrypted global model, HE layout, client context) of a task under HE."""
-    from fedweigh.secure.updates import decode_global  # TenSEAL: loaded only under HE
+    """(decrypted global model, client context) of a task under HE
+    (:class:`fedweigh.secure.updates.DecryptedGlobal`; its check slot is judged by the site's guard)."""
+    from fedweigh.secure.updates import decrypt_global  # TenSEAL: loaded only under HE
 
     ctx, _ = load_role_context("client")
-    params, layout = decode_global(ctx, received, he_meta, reference, min_contributions)
-    return params, layout, ctx
+    return decrypt_global(ctx, received, he_meta, reference, min_contributions), ctx
 
 
 def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
@@ -80,6 +92,20 @@ def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
     return FLModel(
         metrics={"fedweigh_refused": 1.0}, meta={META_REFUSED: reason, META_REFUSED_JOB: whole_job}
     )
+
+
+def describe_error(error: BaseException) -> str:
+    """An error in one line for the server's log: its type and message (for SystemExit from the
+    argument parser, its exit code: the parser has printed the message in the site's log)."""
+    if isinstance(error, SystemExit):
+        return f"the client script's arguments were refused (exit code {error.code}; the site's log has the message)"
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+def error_model(error: str) -> FLModel:
+    """A site's answer that carries no data, only the error its script met on the task (the server
+    names it in its log and, when every site fails, in the failed job's reason)."""
+    return FLModel(metrics={"fedweigh_error": 1.0}, meta={META_SITE_ERROR: error})
 
 
 def follow_budget(trainer: SiteTrainer, guard: PrivacyGuard, plan: dict, job_id: str) -> str:
@@ -105,13 +131,6 @@ def task_refusal(policy: SitePolicy, task: str, meta: dict, plan: dict, he_meta)
     return None
 
 
-def _he_encode(ctx, params: Params, global_params: Params, layout) -> dict:
-    """Enc(theta_k - theta_g) chunks and the clear arrays, as tensors for the Client API."""
-    from fedweigh.secure.updates import encode_update  # TenSEAL: loaded only under HE
-
-    return {k: torch.as_tensor(v) for k, v in encode_update(ctx, params, global_params, layout).items()}
-
-
 class ClientLoop:
     """A site's answers to the tasks of one job: its trainer, its policy's judgement of the job, and
     the model it trained last (sent for cross-site evaluation)."""
@@ -133,6 +152,8 @@ class ClientLoop:
         #: why the site refuses this job (None: it takes part); once refused, every task of the job is
         self.refused: str | None = self.policy.job_refusal(args)
         self.last_local: Params | None = None
+        #: under HE: the checks on each decrypted global model and the last good one
+        self.he_guard = HEModelGuard(self.site_name)
 
     def answer(self, input_model: FLModel) -> FLModel:
         """The answer to one task: its policy's refusal, or the statistics, model, metrics or training
@@ -150,6 +171,14 @@ class ClientLoop:
         except ValueError as e:  # e.g. a sum of fewer updates than this site's policy decrypts
             logger.error("%s: %s", self.site_name, e)
             return refusal_model(str(e), whole_job=False)
+        if he is not None and he[2].refusal and task != TASK_TRAIN:
+            answer = self._route(task, input_model, plan, he)
+            answer.meta = {**(answer.meta or {}), META_HE_REFUSED: he[2].refusal}
+            return answer
+        return self._route(task, input_model, plan, he)
+
+    def _route(self, task: str, input_model: FLModel, plan: dict, he) -> FLModel:
+        """The answer to a task the site's policy allows (the model already decrypted under HE)."""
         if task == TASK_STATS:
             return self._statistics(input_model)
         if flare.is_submit_model():  # cross-site evaluation: this site's last local model
@@ -169,14 +198,17 @@ class ClientLoop:
         return refusal_model(reason)
 
     def _decrypt(self, input_model: FLModel, he_meta: dict):
-        """Under HE: decrypt the received global model in place, keep it in the working folder; returns
-        (HE layout, client context)."""
-        decrypted, layout, ctx = _he_decode(
+        """Under HE: decrypt the received global model, check it (:class:`fedweigh.site.he_guard.HEModelGuard`),
+        put the model the site uses (the received one, or its last good one) in place and keep it in the
+        working folder; returns (HE layout, client context, receipt)."""
+        decrypted, ctx = _he_decode(
             input_model.params, he_meta, get_params(self.trainer.model), self.policy.min_secure_sum
         )
-        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **decrypted)
-        input_model.params = decrypted
-        return layout, ctx
+        round_index = input_model.current_round
+        receipt = self.he_guard.receive(decrypted, None if round_index is None else int(round_index) + 1)
+        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **receipt.use)
+        input_model.params = dict(receipt.use)
+        return decrypted.layout, ctx, receipt
 
     def _statistics(self, input_model: FLModel) -> FLModel:
         try:
@@ -204,7 +236,9 @@ class ClientLoop:
             return self._refuse(str(e))
         self.last_local = None if he else out.params
         if he:
-            params = _he_encode(he[1], out.params, input_model.params, he[0])
+            layout, ctx, receipt = he  # Enc(update) against the model the server holds, clipped
+            encoded = self.he_guard.encode(ctx, out.params, receipt, layout)
+            params = {k: torch.as_tensor(v) for k, v in encoded.items()}
         else:
             params = {k: torch.as_tensor(v) for k, v in out.params.items()}
         for key, value in out.metrics.items():
@@ -222,6 +256,7 @@ class ClientLoop:
             META_NUM_SAMPLES: out.num_samples,
             META_SCALARS: out.scalars,
             META_MIN_SECURE_SUM: int(self.policy.min_secure_sum),
+            **({META_HE_REFUSED: he[2].refusal} if he and he[2].refusal else {}),
         }
         return FLModel(params=params, params_type=ParamsType.FULL, metrics=out.metrics, meta=meta)
 
@@ -232,14 +267,27 @@ def main(argv: list[str] | None = None) -> None:
     # DenseNets and rebuild every convolution each step; it must be raised before the first convolution.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8192")
     logging.basicConfig(level=logging.INFO)
-    args = parse_args(argv)
     flare.init()
-    loop = ClientLoop(args)
+    loop: ClientLoop | None = None
+    failure = ""
+    try:  # a bad site configuration: every task is answered with the error, for the server's log
+        loop = ClientLoop(parse_args(argv))
+    except (Exception, SystemExit) as e:
+        failure = describe_error(e)
+        logger.exception("%s cannot take part in this job: %s", flare.get_site_name(), failure)
     while flare.is_running():
         input_model = flare.receive()
         if input_model is None:
             break
-        flare.send(loop.answer(input_model))
+        if loop is None:
+            flare.send(error_model(failure))
+            continue
+        try:
+            answer = loop.answer(input_model)
+        except Exception as e:  # this task fails; the site stays in the job
+            logger.exception("%s: task %s failed", loop.site_name, flare.get_task_name())
+            answer = error_model(describe_error(e))
+        flare.send(answer)
 
 
 if __name__ == "__main__":
