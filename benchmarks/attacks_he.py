@@ -13,7 +13,8 @@ the decoded statistics sum (:func:`fedweigh.histograms.decode_sum`,
 when a site holds no global histogram.
 
 Setting (as benchmarks/bench_attacks.py): SynthCXR, iid-4 (4 sites of 270 training images), 32 px, the
-compact DenseNet, 5 rounds of 10 local Adam steps; site-4 attacks in every round. Everything runs in this
+compact DenseNet, 5 rounds of 10 local Adam steps; site-4 attacks in every round (two variants: in round 2
+only, to show that the honest sites' updates repair the model once the attack stops). Everything runs in this
 process with the code the NVFlare client and controller run: ``SiteTrainer``, ``HEModelGuard``,
 ``decrypt_global`` / ``encode_update``, the server's ``RoundStep`` with ``EncryptedGlobalModel``; the
 statistics phase through ``answer_statistics_task`` at every site and ``sum_statistics`` +
@@ -58,7 +59,7 @@ from fedweigh.server.quorum import server_floor
 from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
 from fedweigh.server.safeguards import Safeguards
 from fedweigh.site.args import ClientArgs
-from fedweigh.site.he_guard import HEModelGuard
+from fedweigh.site.he_guard import HEModelGuard, HEReceipt
 from fedweigh.site.policy import PROVISIONED_DEFAULT, SitePolicy
 from fedweigh.site.trainer import SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, set_params
@@ -101,6 +102,8 @@ HE_ATTACKS = [
     HEAttack("HE: one site adds 0.1 to every value of its update", "he-add-0.1", "HE updates"),
     HEAttack("HE: one site adds 1.0 to every value of its update", "he-add-1.0", "HE updates"),
     HEAttack("HE: forged check slot (5 instead of 1)", "he-check-slot", "HE updates"),
+    HEAttack("HE: one site adds 0.1 to every value, round 2 only", "he-add-0.1@2", "HE updates"),
+    HEAttack("HE: forged check slot, round 2 only", "he-check-slot@2", "HE updates"),
     HEAttack("statistics: forged ciphertext with a negative count", "stats-negative", "secure statistics"),
     HEAttack("statistics: forged count slot (2 instead of 1)", "stats-count-slot", "secure statistics"),
     HEAttack(
@@ -125,9 +128,15 @@ class Keys:
 
 
 # ------------------------------------------------------------------------------------------- attacks
+def _attacks_in(kind: str, t: int) -> bool:
+    """Whether attack ``kind`` (``name`` or ``name@round``) is made in round ``t``."""
+    return "@" not in kind or int(kind.split("@")[1]) == t
+
+
 def tamper_update(kind: str, outgoing: dict, keys_encrypted) -> tuple[dict, float]:
     """The attacker's parameters before encryption and its check slot: +0.1 / +1.0 on every encrypted
-    value, or a check slot of 5."""
+    value, or a check slot of 5 (``kind`` may end in ``@round``: only in that round)."""
+    kind = kind.split("@")[0]
     if kind.startswith("he-add-"):
         shift = float(kind.rsplit("-", 1)[1])
         out = dict(outgoing)
@@ -214,19 +223,20 @@ def _he_rounds(fed, kind: str | None, keys: Keys, defences: bool) -> HERun:
                 decrypted = decrypt_global(
                     keys.secret, received, backend.meta(), g0, SITE_POLICY.min_secure_sum
                 )
-                if defences and site != ATTACKER:
+                attacking = site == ATTACKER and kind is not None and _attacks_in(kind, t)
+                if site == ATTACKER and kind is not None:  # the attacker uses whatever decrypts
+                    receipt = HEReceipt(decrypted.params, decrypted.params)
+                elif defences:
                     receipt = guards[site].receive(decrypted, t)
                     refusing += receipt.refusal is not None
-                    if receipt.refusal and receipt.refusal not in notes:
-                        notes.append(receipt.refusal)
-                else:  # no checks: the model that decrypts is used (the check slot still raises)
-                    from fedweigh.site.he_guard import HEReceipt
-
+                    if receipt.refusal:
+                        notes.append(receipt.refusal.replace(f"{site} refuses", "the sites refuse"))
+                else:  # no checks: the model that decrypts is used (a wrong check slot still raises)
                     problem = decrypted.check_problem
                     if problem:
                         raise ValueError(problem)
                     receipt = HEReceipt(decrypted.params, decrypted.params)
-            except ValueError as e:
+            except ValueError as e:  # an honest site that cannot answer: the job stalls
                 notes.append(f"{site}: {e}")
                 if t <= ROUNDS:
                     stalled.append(t)
@@ -236,7 +246,7 @@ def _he_rounds(fed, kind: str | None, keys: Keys, defences: bool) -> HERun:
                 continue
             out = trainer.run_round(receipt.use, t - 1, plan, total_rounds=ROUNDS, evaluate_received=False)
             keys_enc = decrypted.layout.keys
-            if site == ATTACKER and kind is not None:
+            if attacking:
                 outgoing, check = tamper_update(kind, out.params, keys_enc)
                 params = encode_update(keys.secret, outgoing, receipt.received, decrypted.layout, check=check)
             elif defences:
@@ -370,6 +380,16 @@ def run_he_attack(fed, kind: str | None, path: str, keys: Keys, defences: bool =
         return HERun(False, [], [], [f"{type(e).__name__}: {e}"], float("nan"), 0.0, error=str(e)[:500])
 
 
+def _why(notes: list[str]) -> str:
+    """The distinct reasons, those that differ only in their figures (rounds, ratios) counted once."""
+    import re
+
+    groups: dict[str, list[str]] = {}
+    for note in notes:
+        groups.setdefault(re.sub(r"[-+]?\d[\d.,e+]*", "#", note), []).append(note)
+    return "; ".join(t[0] + (f" (x{len(t)})" if len(t) > 1 else "") for t in groups.values()) or "-"
+
+
 def run_he_attacks(
     fed=None,
     attacks: list[HEAttack] | None = None,
@@ -406,7 +426,7 @@ def run_he_attacks(
                     "stalled_rounds": run.stalled_rounds,
                     "refused_rounds": run.refused_rounds,
                     "crashed_or_stalled": failed,
-                    "why": "; ".join(dict.fromkeys(run.notes)) or "-",
+                    "why": _why(run.notes),
                     "auc": round(run.auc, 4),
                     "clean_auc": round(clean[attack.path].auc, 4),
                     "auc_drop": round(drop, 4),

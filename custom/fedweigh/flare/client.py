@@ -29,6 +29,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import nvflare.client as flare
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -38,6 +39,7 @@ from fedweigh.arrays import Params
 from fedweigh.errors import PolicyRefusal
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task, load_cached_global_stats
+from fedweigh.flare.task_loop import serve
 from fedweigh.io import atomic_write_npz
 from fedweigh.protocol import (
     META_HE,
@@ -49,7 +51,6 @@ from fedweigh.protocol import (
     META_REFUSED,
     META_REFUSED_JOB,
     META_SCALARS,
-    META_SITE_ERROR,
     TASK_STATS,
     TASK_TRAIN,
 )
@@ -65,8 +66,6 @@ logger = logging.getLogger("fedweigh.client")
 __all__ = [
     "ClientArgs",
     "ClientLoop",
-    "describe_error",
-    "error_model",
     "follow_budget",
     "main",
     "refusal_model",
@@ -92,20 +91,6 @@ def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
     return FLModel(
         metrics={"fedweigh_refused": 1.0}, meta={META_REFUSED: reason, META_REFUSED_JOB: whole_job}
     )
-
-
-def describe_error(error: BaseException) -> str:
-    """An error in one line for the server's log: its type and message (for SystemExit from the
-    argument parser, its exit code: the parser has printed the message in the site's log)."""
-    if isinstance(error, SystemExit):
-        return f"the client script's arguments were refused (exit code {error.code}; the site's log has the message)"
-    return f"{type(error).__name__}: {error}"[:2000]
-
-
-def error_model(error: str) -> FLModel:
-    """A site's answer that carries no data, only the error its script met on the task (the server
-    names it in its log and, when every site fails, in the failed job's reason)."""
-    return FLModel(metrics={"fedweigh_error": 1.0}, meta={META_SITE_ERROR: error})
 
 
 def follow_budget(trainer: SiteTrainer, guard: PrivacyGuard, plan: dict, job_id: str) -> str:
@@ -152,8 +137,13 @@ class ClientLoop:
         #: why the site refuses this job (None: it takes part); once refused, every task of the job is
         self.refused: str | None = self.policy.job_refusal(args)
         self.last_local: Params | None = None
-        #: under HE: the checks on each decrypted global model and the last good one
+        #: under HE: the checks on each decrypted global model and the last good one (a relaunched
+        #: process of the job starts from the model it kept; its references build up again)
         self.he_guard = HEModelGuard(self.site_name)
+        kept = Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id))
+        if kept.is_file():
+            with np.load(kept) as npz:
+                self.he_guard.last_good = {k: npz[k] for k in npz.files}
 
     def answer(self, input_model: FLModel) -> FLModel:
         """The answer to one task: its policy's refusal, or the statistics, model, metrics or training
@@ -268,26 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8192")
     logging.basicConfig(level=logging.INFO)
     flare.init()
-    loop: ClientLoop | None = None
-    failure = ""
-    try:  # a bad site configuration: every task is answered with the error, for the server's log
-        loop = ClientLoop(parse_args(argv))
-    except (Exception, SystemExit) as e:
-        failure = describe_error(e)
-        logger.exception("%s cannot take part in this job: %s", flare.get_site_name(), failure)
-    while flare.is_running():
-        input_model = flare.receive()
-        if input_model is None:
-            break
-        if loop is None:
-            flare.send(error_model(failure))
-            continue
-        try:
-            answer = loop.answer(input_model)
-        except Exception as e:  # this task fails; the site stays in the job
-            logger.exception("%s: task %s failed", loop.site_name, flare.get_task_name())
-            answer = error_model(describe_error(e))
-        flare.send(answer)
+    serve(lambda: ClientLoop(parse_args(argv)).answer)
 
 
 if __name__ == "__main__":

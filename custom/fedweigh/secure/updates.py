@@ -15,8 +15,9 @@ Protocol (docs/privacy.md, "Encrypted model updates"). Round t = 1..T, site k, w
    (ciphertext x plaintext scalar, then ciphertext additions; in round 1 Enc(theta_g^0) is replaced
    by the plaintext theta_g^0, added as a plaintext). It keeps Enc(theta_g^t) and sends it with the
    next task; every site decrypts it. So the server never sees an update nor, after round 1, the
-   global model, and a site needs no state across rounds (partial participation and relaunched
-   client processes work).
+   global model. Each site checks the model it decrypts and keeps the last good one
+   (:mod:`fedweigh.site.he_guard`): the server cannot look into an update, the sites can look at the
+   sum.
 
 Every update ends with one check slot holding 1, so the encrypted global model carries the sum of
 all weights applied so far; the server announces that sum in clear and each site compares it after
