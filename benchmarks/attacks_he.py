@@ -13,8 +13,9 @@ the decoded statistics sum (:func:`fedweigh.histograms.decode_sum`,
 when a site holds no global histogram.
 
 Setting (as benchmarks/bench_attacks.py): SynthCXR, iid-4 (4 sites of 270 training images), 32 px, the
-compact DenseNet, 5 rounds of 10 local Adam steps; site-4 attacks in every round (two variants: in round 2
-only, to show that the honest sites' updates repair the model once the attack stops). Everything runs in this
+compact DenseNet, 5 rounds of 10 local Adam steps; site-4 runs the sites' code and alters what it sends,
+in every round (two variants: in round 2 only, to show that the sites' updates repair the model once the
+attack stops). Everything runs in this
 process with the code the NVFlare client and controller run: ``SiteTrainer``, ``HEModelGuard``,
 ``decrypt_global`` / ``encode_update``, the server's ``RoundStep`` with ``EncryptedGlobalModel``; the
 statistics phase through ``answer_statistics_task`` at every site and ``sum_statistics`` +
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -69,6 +71,7 @@ __all__ = [
     "HE_ATTACKS",
     "HEAttack",
     "Keys",
+    "markdown_table",
     "run_he_attack",
     "run_he_attacks",
     "tamper_statistics",
@@ -223,13 +226,12 @@ def _he_rounds(fed, kind: str | None, keys: Keys, defences: bool) -> HERun:
                 decrypted = decrypt_global(
                     keys.secret, received, backend.meta(), g0, SITE_POLICY.min_secure_sum
                 )
+                # the attacker runs the sites' code and alters only what it sends, in its attack rounds
                 attacking = site == ATTACKER and kind is not None and _attacks_in(kind, t)
-                if site == ATTACKER and kind is not None:  # the attacker uses whatever decrypts
-                    receipt = HEReceipt(decrypted.params, decrypted.params)
-                elif defences:
+                if defences:
                     receipt = guards[site].receive(decrypted, t)
-                    refusing += receipt.refusal is not None
-                    if receipt.refusal:
+                    if receipt.refusal and site != ATTACKER:
+                        refusing += 1
                         notes.append(receipt.refusal.replace(f"{site} refuses", "the sites refuse"))
                 else:  # no checks: the model that decrypts is used (a wrong check slot still raises)
                     problem = decrypted.check_problem
@@ -247,7 +249,9 @@ def _he_rounds(fed, kind: str | None, keys: Keys, defences: bool) -> HERun:
             out = trainer.run_round(receipt.use, t - 1, plan, total_rounds=ROUNDS, evaluate_received=False)
             keys_enc = decrypted.layout.keys
             if attacking:
-                outgoing, check = tamper_update(kind, out.params, keys_enc)
+                honest = guards[site].outgoing(out.params, receipt, keys_enc) if defences else out.params
+                outgoing, check = tamper_update(kind, honest, keys_enc)
+                check = check if check != 1.0 else receipt.check
                 params = encode_update(keys.secret, outgoing, receipt.received, decrypted.layout, check=check)
             elif defences:
                 params = guards[site].encode(keys.secret, out.params, receipt, decrypted.layout)
@@ -443,11 +447,39 @@ def run_he_attacks(
     return rows
 
 
+def markdown_table(record: dict) -> str:
+    """The results of a run (its JSON) as the table of docs/security.md."""
+    lines = [
+        "| attack | path | crashed or stalled | rounds the honest sites refused the model | AUC | clean AUC "
+        "| AUC drop |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in record["attacks"]:
+        refused = ", ".join(map(str, r["refused_rounds"])) or "-"
+        lines.append(
+            f"| {r['attack']} | {r['path']} | {'YES' if r['crashed_or_stalled'] else 'no'} | {refused} "
+            f"| {r['auc']:.4f} | {r['clean_auc']:.4f} | {r['auc_drop']:+.4f} |"
+        )
+    s = record["summary"]
+    lines += [
+        "",
+        f"HE attacks: {s['tried']} tried, {s['crashed_or_stalled']} crashed or stalled, worst AUC drop "
+        f"{s['worst_auc_drop']:.4f}",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="JSON file for the results")
     parser.add_argument("--no-defences", action="store_true", help="the sites use whatever decrypts")
+    parser.add_argument(
+        "--markdown", default=None, help="print the table of a results JSON and exit (no run)"
+    )
     ns = parser.parse_args(argv)
+    if ns.markdown:
+        print(markdown_table(json.loads(Path(ns.markdown).read_text())))
+        return 0
     torch.set_num_threads(1)
     os.environ.setdefault("FEDWEIGH_CACHE", str(Path(tempfile.gettempdir()) / "fedweigh-bench-cache"))
     rows = run_he_attacks(defences=not ns.no_defences)

@@ -63,14 +63,7 @@ from fedweigh.train import get_params, set_params
 
 logger = logging.getLogger("fedweigh.client")
 
-__all__ = [
-    "ClientArgs",
-    "ClientLoop",
-    "follow_budget",
-    "main",
-    "refusal_model",
-    "task_refusal",
-]
+__all__ = ["ClientArgs", "ClientLoop", "follow_budget", "main", "refusal_model", "task_refusal"]
 
 #: Where a site keeps the decrypted global model under HE (in its working folder).
 HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
