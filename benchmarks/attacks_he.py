@@ -229,10 +229,10 @@ def _he_rounds(fed, kind: str | None, keys: Keys, defences: bool) -> HERun:
                 # the attacker runs the sites' code and alters only what it sends, in its attack rounds
                 attacking = site == ATTACKER and kind is not None and _attacks_in(kind, t)
                 if defences:
-                    receipt = guards[site].receive(decrypted, t)
+                    receipt = guards[site].receive(decrypted, t, backend.meta().get("steps"))
                     if receipt.refusal and site != ATTACKER:
                         refusing += 1
-                        notes.append(receipt.refusal.replace(f"{site} refuses", "the sites refuse"))
+                        notes.append(receipt.refusal.replace(f"{site} refuses", "a site refuses"))
                 else:  # no checks: the model that decrypts is used (a wrong check slot still raises)
                     problem = decrypted.check_problem
                     if problem:
@@ -249,12 +249,18 @@ def _he_rounds(fed, kind: str | None, keys: Keys, defences: bool) -> HERun:
             out = trainer.run_round(receipt.use, t - 1, plan, total_rounds=ROUNDS, evaluate_received=False)
             keys_enc = decrypted.layout.keys
             if attacking:
-                honest = guards[site].outgoing(out.params, receipt, keys_enc) if defences else out.params
+                honest = (
+                    guards[site].outgoing(out.params, receipt, keys_enc, out.num_steps)
+                    if defences
+                    else out.params
+                )
                 outgoing, check = tamper_update(kind, honest, keys_enc)
                 check = check if check != 1.0 else receipt.check
                 params = encode_update(keys.secret, outgoing, receipt.received, decrypted.layout, check=check)
             elif defences:
-                params = guards[site].encode(keys.secret, out.params, receipt, decrypted.layout)
+                params = guards[site].encode(
+                    keys.secret, out.params, receipt, decrypted.layout, out.num_steps
+                )
             else:
                 params = encode_update(keys.secret, out.params, receipt.received, decrypted.layout)
             meta = {

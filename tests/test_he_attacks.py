@@ -382,3 +382,42 @@ def test_logging_is_quiet_for_the_fallback_after_the_first(caplog, monkeypatch):
         for _ in range(3):
             scheme.client_scalars(ScalarContext(class_counts=np.array([1, 2]), num_samples=3))
     assert caplog.text.count("uniform target instead") == 1
+
+
+def test_the_documented_table_is_the_committed_data():
+    """docs/security.md shows the table of docs/security/attacks_he.json, as the benchmark prints it."""
+    import json
+
+    record = json.loads((ROOT / "docs" / "security" / "attacks_he.json").read_text())
+    assert attacks_he.markdown_table(record) in (ROOT / "docs" / "security.md").read_text()
+    assert record["summary"]["tried"] == len(attacks_he.HE_ATTACKS) == len(record["attacks"])
+
+
+def test_a_site_that_trained_fewer_steps_expects_a_larger_aggregate():
+    """A site of 1 local step among sites of 63 (quantity skew) sees an honest aggregate about 9 times
+    its own update: refused without the step scaling, accepted with the round's announced steps."""
+    g0 = small_model()
+    keys_ = list(g0)
+    own = {k: v + np.float32(0.001) for k, v in g0.items()}
+    aggregate = {k: v + np.float32(0.009) for k, v in g0.items()}
+
+    def judged(round_steps):
+        guard = HEModelGuard("site-small")
+        guard.last_good = g0
+        receipt = guard.receive(
+            SimpleNamespace(params=g0, layout=SimpleNamespace(keys=keys_), check_problem=None)
+        )
+        guard.outgoing(own, receipt, keys_, steps=1)
+        decrypted = SimpleNamespace(params=aggregate, layout=SimpleNamespace(keys=keys_), check_problem=None)
+        return guard.receive(decrypted, 2, round_steps).refusal
+
+    assert judged(None) is not None  # nothing announced: 9 times its own update, refused
+    assert judged(63) is None
+
+
+def test_the_round_steps_are_a_weighted_median_one_site_cannot_inflate():
+    from fedweigh.server.encrypted import weighted_median_steps
+
+    assert weighted_median_steps([63, 3, 1, 1], [0.93, 0.04, 0.015, 0.015]) == 63
+    assert weighted_median_steps([10, 10, 10, 10_000_000], [0.25, 0.25, 0.25, 0.25]) == 10
+    assert weighted_median_steps([10, 12, 14], [0.2, 0.2, 0.6]) == 14

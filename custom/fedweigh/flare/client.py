@@ -188,7 +188,9 @@ class ClientLoop:
             input_model.params, he_meta, get_params(self.trainer.model), self.policy.min_secure_sum
         )
         round_index = input_model.current_round
-        receipt = self.he_guard.receive(decrypted, None if round_index is None else int(round_index) + 1)
+        receipt = self.he_guard.receive(
+            decrypted, None if round_index is None else int(round_index) + 1, he_meta.get("steps")
+        )
         atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **receipt.use)
         input_model.params = dict(receipt.use)
         return decrypted.layout, ctx, receipt
@@ -220,7 +222,7 @@ class ClientLoop:
         self.last_local = None if he else out.params
         if he:
             layout, ctx, receipt = he  # Enc(update) against the model the server holds, clipped
-            encoded = self.he_guard.encode(ctx, out.params, receipt, layout)
+            encoded = self.he_guard.encode(ctx, out.params, receipt, layout, out.num_steps)
             params = {k: torch.as_tensor(v) for k, v in encoded.items()}
         else:
             params = {k: torch.as_tensor(v) for k, v in out.params.items()}

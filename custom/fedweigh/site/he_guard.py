@@ -10,13 +10,16 @@ after decryption. :class:`HEModelGuard` is what each site does with it, every ro
    size of the global update Delta_g = theta_g^t - theta_good against this site's references,
    per array a of the encrypted layout,
 
-       r_a = ||Delta_g[a]|| / max(||Delta_own[a]||, median_s ||Delta_g^s[a]||),
+       r_a = ||Delta_g[a]|| / max(||Delta_own[a]|| * max(1, tau_round / tau_own), median_s ||Delta_g^s[a]||),
        refuse when median_a r_a > RATIO_BOUND (4),
 
-   where Delta_own is this site's own (clipped) last update and Delta_g^s the global updates it
-   accepted earlier. An honest aggregate is a weighted mean of updates like the site's own, so r_a
-   stays near 1 (measured 0.6-2.1, the largest for a site of 30 images among sites of 225-513,
-   benchmarks/attacks_he.py); a site adding 0.1 to every value of its update gives r_a of 5-16.
+   where Delta_own is this site's own (clipped) last update, tau_own its local steps, tau_round the
+   weighted median of the steps the server summed (announced with the model in clear; a site that
+   trained fewer steps than most expects a larger aggregate than its own update) and Delta_g^s the
+   global updates it accepted earlier. An honest aggregate is a weighted mean of updates like the
+   site's own, so r_a stays near 1: measured 0.5-2.1 with equal steps (SynthCXR, 4 sites, 10 steps
+   each); 4-9 for sites of 1-3 steps against one of 63 before the step scaling, 0.15 after. A site
+   adding 0.1 to every value of its update among four sites of equal steps gives r_a of 5-16.
 2. When the check fails, keep the last good model theta_good, say why (a named refusal in the result's
    meta and the site's log), and train on theta_good instead. The update sent is still taken against
    the model the server holds, Delta = theta_good + clip(theta_k - theta_good) - theta_g^t, so the
@@ -89,8 +92,12 @@ class HEModelGuard:
         #: the last global model this site accepted (None before the first)
         self.last_good: dict[str, np.ndarray] | None = None
         #: per-array norms of the global updates accepted so far, and of this site's last own update
+        #: with its local steps
         self.history: list[dict[str, float]] = []
         self.own: dict[str, float] | None = None
+        self.own_steps = 0
+        #: the weighted median of the local steps in the sum being judged (0: not announced)
+        self.round_steps = 0
         #: the refusals so far (one line each)
         self.refusals: list[str] = []
 
@@ -108,8 +115,9 @@ class HEModelGuard:
             return None
         moved = _norms(params, self.last_good, keys)
         ratios = []
+        scale = max(1.0, self.round_steps / self.own_steps) if self.own_steps > 0 else 1.0
         for key in keys:
-            refs = [self.own.get(key, 0.0)] if self.own else []
+            refs = [self.own.get(key, 0.0) * scale] if self.own else []
             if self.history:
                 refs.append(float(np.median([h.get(key, 0.0) for h in self.history])))
             ref = max(refs, default=0.0)
@@ -126,11 +134,14 @@ class HEModelGuard:
             )
         return None
 
-    def receive(self, decrypted, round_index: int | None = None) -> HEReceipt:
+    def receive(self, decrypted, round_index: int | None = None, round_steps: object = None) -> HEReceipt:
         """Judge a :class:`fedweigh.secure.updates.DecryptedGlobal`: accept it (it becomes the last good
-        model) or refuse it and keep the last good one. ValueError when there is no model to use: a key
-        mismatch, or a refused model before any was accepted."""
+        model) or refuse it and keep the last good one. ``round_steps``: the weighted median of the
+        steps summed, as the server announces it (``steps`` in the HE meta). ValueError when there is
+        no model to use: a key mismatch, or a refused model before any was accepted."""
         params, keys = decrypted.params, decrypted.layout.keys
+        valid = isinstance(round_steps, int | float) and not isinstance(round_steps, bool)
+        self.round_steps = int(round_steps) if valid and math.isfinite(round_steps) and round_steps > 0 else 0
         check_problem = decrypted.check_problem
         if check_problem and "forged" not in check_problem:
             raise ValueError(check_problem)  # another key: nothing decrypted is usable
@@ -164,7 +175,7 @@ class HEModelGuard:
         return float(self.clip_factor * np.median(totals))
 
     def outgoing(
-        self, trained: Mapping[str, np.ndarray], receipt: HEReceipt, keys: Sequence[str]
+        self, trained: Mapping[str, np.ndarray], receipt: HEReceipt, keys: Sequence[str], steps: int = 0
     ) -> dict[str, np.ndarray]:
         """The parameters whose difference to ``receipt.received`` the site encrypts: the model it
         trained from plus its own update clipped (:func:`fedweigh.secure.updates.clip_update`); records
@@ -176,14 +187,15 @@ class HEModelGuard:
         if bound is not None and norm > bound:
             logger.info("%s: own update norm %.4g clipped to %.4g", self.site, norm, bound)
         self.own = _norms(clipped, receipt.use, keys)
+        self.own_steps = int(steps)
         return clipped
 
     def encode(
-        self, ctx, trained: Mapping[str, np.ndarray], receipt: HEReceipt, layout
+        self, ctx, trained: Mapping[str, np.ndarray], receipt: HEReceipt, layout, steps: int = 0
     ) -> dict[str, np.ndarray]:
         """What the site sends under HE: Enc(:meth:`outgoing` - theta_received) with the receipt's
         check slot (:func:`fedweigh.secure.updates.encode_update`), its clear arrays as they are."""
         from fedweigh.secure.updates import encode_update
 
-        outgoing = self.outgoing(trained, receipt, layout.keys)
+        outgoing = self.outgoing(trained, receipt, layout.keys, steps)
         return encode_update(ctx, outgoing, receipt.received, layout, check=receipt.check)
