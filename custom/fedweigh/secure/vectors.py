@@ -170,7 +170,7 @@ def decrypt_vector(
             raise ValueError(
                 f"forged count slot: the encrypted sum's count slot decrypts to {count:.6g}, the server summed "
                 f"{expected} contribution(s), and the other slots decrypt within range (the keys match): a "
-                "site sent a contribution whose count slot is not 1"
+                "site sent a contribution whose count slot is not 1 (or the server announced a wrong count)"
             )
         raise ValueError(
             f"the encrypted sum does not decrypt consistently (count slot {count:.6g}, expected {expected}): "
