@@ -229,10 +229,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "he-hospitals-disagree",
         "one hospital's decrypted global model differs from the others' by 1e-6 (the POC's exact agreement)",
         "custom/fedweigh/flare/client.py",
-        "        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **decrypted)",
+        "        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **receipt.use)",
+        "        kept = receipt.use\n"
         "        if self.site_name.endswith('-b'):\n"
-        "            decrypted = {k: v + (v.dtype.kind == 'f') * v.dtype.type(1e-6) for k, v in decrypted.items()}\n"
-        "        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **decrypted)",
+        "            kept = {k: v + (v.dtype.kind == 'f') * v.dtype.type(1e-6) for k, v in kept.items()}\n"
+        "        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **kept)",
         ("tests/test_poc.py::test_he_model_updates_with_the_kits_contexts",),
     ),
     Mutation(

@@ -297,6 +297,7 @@ def test_state_survives_save_and_load(contexts, tmp_path):
             "layout_fingerprint",
             "check_value",
             "contributions",
+            "round_steps",
         }
     restored = EncryptedGlobalModel(public, g0)
     restored.load(tmp_path / "he.npz")

@@ -1,13 +1,14 @@
 """FedAvg, FedProx, FedNova, FedAdp, IDA and FedDisco against hand-computed values."""
 
 import json
+import logging
 import math
 
 import numpy as np
 import pytest
 
 from fedweigh.histograms import GlobalStats
-from fedweigh.weighting import ClientReport, get_scheme
+from fedweigh.weighting import ClientReport, feddisco, get_scheme
 from fedweigh.weighting.base import ScalarContext
 from fedweigh.weighting.fedadp import gompertz
 from fedweigh.weighting.feddisco import kl_discrepancy
@@ -169,8 +170,17 @@ def test_feddisco_global_target_by_hand():
     )
     assert sc0["discrepancy"] == pytest.approx(math.log(2))
     assert kl_discrepancy(np.array([2, 2]), np.array([5, 5])) == 0.0
-    with pytest.raises(ValueError, match="global class histogram"):
-        scheme.client_scalars(ScalarContext(class_counts=np.array([1, 3]), num_samples=4))
+
+
+def test_feddisco_global_target_without_global_histogram_falls_back_to_uniform(caplog, monkeypatch):
+    """A site that got no global histogram (the statistics phase summed nothing, or it refused the sum)
+    still answers: its discrepancy against the uniform target, with a warning, instead of no result."""
+    scheme = get_scheme("feddisco", target="global")
+    monkeypatch.setattr(feddisco, "_FALLBACK_WARNED", [])
+    with caplog.at_level(logging.WARNING, logger="fedweigh.weighting.feddisco"):
+        sc = scheme.client_scalars(ScalarContext(class_counts=np.array([1, 3]), num_samples=4))
+    assert sc["discrepancy"] == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
+    assert "uniform target instead" in caplog.text
 
 
 def test_feddisco_weights_by_hand():

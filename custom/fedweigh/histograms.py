@@ -28,12 +28,16 @@ from fedweigh.imbalance import client_imbalance
 from fedweigh.protocol import ABSOLUTE_MIN
 
 __all__ = [
+    "META_ANNOUNCED_N",
     "META_LENGTH",
+    "META_NOISED",
     "META_NUM_CONTRIBUTIONS",
     "META_VECTOR",
+    "NOISED_N_TOLERANCE",
     "GlobalStats",
     "PlainExchange",
     "StatisticsExchange",
+    "check_announced_size",
     "check_statistics_vector",
     "decode_sum",
     "global_stats_of",
@@ -111,11 +115,44 @@ def statistics_vector(class_counts: np.ndarray, num_samples: int) -> np.ndarray:
 def decode_sum(total: np.ndarray) -> GlobalStats:
     """Global statistics from sum_k v_k (rounded counts; c_client = sum N_k c_k / N)."""
     total = np.asarray(total, dtype=np.float64)
+    if total.ndim != 1 or total.size < 3 or not np.isfinite(total).all():
+        raise ValueError(f"implausible global statistics: the sum is not {max(total.size, 3)} finite numbers")
     counts = np.rint(total[:-2]).astype(np.int64)
     n = int(round(total[-2]))
-    if n <= 0 or np.any(counts < 0):
-        raise ValueError(f"implausible global statistics: N={n}, counts={counts.tolist()}")
+    if n <= 0 or np.any(counts < 0) or np.any(counts > n):
+        raise ValueError(
+            f"implausible global statistics: N={n}, counts={counts.tolist()} (every count must lie in 0..N, N > 0)"
+        )
     return GlobalStats(class_counts=counts, num_samples=n, client_level_parameter=float(total[-1]) / n)
+
+
+#: Meta keys of the statistics phase's sum: the sum of N_k the server holds in clear (the sites'
+#: reported training-set sizes, also what FedAvg weighs by) and whether a contribution was noised
+#: (statistics DP), for :func:`check_announced_size`.
+META_ANNOUNCED_N = "fedweigh_stats_announced_n"
+META_NOISED = "fedweigh_stats_noised"
+#: With statistics DP the N inside the sum is noised: |N - announced| may reach this share of N.
+NOISED_N_TOLERANCE = 0.05
+
+
+def check_announced_size(stats: GlobalStats, announced: object, noised: bool, own_num_samples: int) -> None:
+    """A decoded sum against what the site knows: N equals the sum of N_k the server announces (the
+    sizes the sites report in clear; within :data:`NOISED_N_TOLERANCE` x N when a contribution was
+    noised) and is at least the site's own N_k. ValueError naming the mismatch otherwise: a forged
+    contribution (e.g. counts inflated inside the ciphertext while the size reported in clear is
+    honest)."""
+    if isinstance(announced, bool) or not isinstance(announced, int) or announced <= 0:
+        raise ValueError(f"the server's sum announces no valid sum of N_k (got {announced!r})")
+    n = stats.num_samples
+    allowed = NOISED_N_TOLERANCE * announced if noised else 0
+    if abs(n - announced) > allowed:
+        raise ValueError(
+            f"the decoded sum gives N = {n:,}, the server holds sum N_k = {announced:,} from the sizes the "
+            f"sites report in clear{' (noised contributions: up to ' + format(allowed, '.0f') + ' apart)' if noised else ''}: "
+            "a contribution's counts were forged inside its ciphertext"
+        )
+    if not noised and n < own_num_samples:
+        raise ValueError(f"the decoded sum gives N = {n:,}, below this site's own N_k = {own_num_samples:,}")
 
 
 def global_stats_of(histograms: Iterable[tuple[np.ndarray, int]]) -> GlobalStats:

@@ -27,6 +27,11 @@ META_REFUSED = "fedweigh_refused"
 META_REFUSED_JOB = "fedweigh_refused_job"
 #: Meta key of a contribution to a secure sum: the fewest contributions the site's policy accepts.
 META_MIN_SECURE_SUM = "fedweigh_min_secure_sum"
+#: Meta key of a site's result under HE: why it refused the global model it decrypted (it trained on its
+#: last good model instead; :mod:`fedweigh.site.he_guard`).
+META_HE_REFUSED = "fedweigh_he_refused"
+#: Meta key of a site's answer when its script failed on the task: the error, for the server's log.
+META_SITE_ERROR = "fedweigh_site_error"
 
 #: The fewest contributions any secure sum may hold (a sum of one is that site's own value).
 ABSOLUTE_MIN = 2

@@ -29,6 +29,7 @@ import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import nvflare.client as flare
 import torch
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -38,9 +39,11 @@ from fedweigh.arrays import Params
 from fedweigh.errors import PolicyRefusal
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task, load_cached_global_stats
+from fedweigh.flare.task_loop import serve
 from fedweigh.io import atomic_write_npz
 from fedweigh.protocol import (
     META_HE,
+    META_HE_REFUSED,
     META_MIN_SECURE_SUM,
     META_NUM_SAMPLES,
     META_NUM_STEPS,
@@ -53,6 +56,7 @@ from fedweigh.protocol import (
 )
 from fedweigh.site.args import ClientArgs, parse_args
 from fedweigh.site.data_config import resolve_site_data
+from fedweigh.site.he_guard import HEModelGuard
 from fedweigh.site.policy import PrivacyGuard, PrivacyLedger, SitePolicy, ledger_path, load_site_policy
 from fedweigh.site.trainer import SiteTrainer
 from fedweigh.train import get_params, set_params
@@ -66,12 +70,12 @@ HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
 
 
 def _he_decode(received: dict, he_meta: dict, reference: Params, min_contributions: int):
-    """(decrypted global model, HE layout, client context) of a task under HE."""
-    from fedweigh.secure.updates import decode_global  # TenSEAL: loaded only under HE
+    """(decrypted global model, client context) of a task under HE
+    (:class:`fedweigh.secure.updates.DecryptedGlobal`; its check slot is judged by the site's guard)."""
+    from fedweigh.secure.updates import decrypt_global  # TenSEAL: loaded only under HE
 
     ctx, _ = load_role_context("client")
-    params, layout = decode_global(ctx, received, he_meta, reference, min_contributions)
-    return params, layout, ctx
+    return decrypt_global(ctx, received, he_meta, reference, min_contributions), ctx
 
 
 def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
@@ -105,13 +109,6 @@ def task_refusal(policy: SitePolicy, task: str, meta: dict, plan: dict, he_meta)
     return None
 
 
-def _he_encode(ctx, params: Params, global_params: Params, layout) -> dict:
-    """Enc(theta_k - theta_g) chunks and the clear arrays, as tensors for the Client API."""
-    from fedweigh.secure.updates import encode_update  # TenSEAL: loaded only under HE
-
-    return {k: torch.as_tensor(v) for k, v in encode_update(ctx, params, global_params, layout).items()}
-
-
 class ClientLoop:
     """A site's answers to the tasks of one job: its trainer, its policy's judgement of the job, and
     the model it trained last (sent for cross-site evaluation)."""
@@ -133,6 +130,13 @@ class ClientLoop:
         #: why the site refuses this job (None: it takes part); once refused, every task of the job is
         self.refused: str | None = self.policy.job_refusal(args)
         self.last_local: Params | None = None
+        #: under HE: the checks on each decrypted global model and the last good one (a relaunched
+        #: process of the job starts from the model it kept; its references build up again)
+        self.he_guard = HEModelGuard(self.site_name)
+        kept = Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id))
+        if kept.is_file():
+            with np.load(kept) as npz:
+                self.he_guard.last_good = {k: npz[k] for k in npz.files}
 
     def answer(self, input_model: FLModel) -> FLModel:
         """The answer to one task: its policy's refusal, or the statistics, model, metrics or training
@@ -150,6 +154,14 @@ class ClientLoop:
         except ValueError as e:  # e.g. a sum of fewer updates than this site's policy decrypts
             logger.error("%s: %s", self.site_name, e)
             return refusal_model(str(e), whole_job=False)
+        if he is not None and he[2].refusal and task != TASK_TRAIN:
+            answer = self._route(task, input_model, plan, he)
+            answer.meta = {**(answer.meta or {}), META_HE_REFUSED: he[2].refusal}
+            return answer
+        return self._route(task, input_model, plan, he)
+
+    def _route(self, task: str, input_model: FLModel, plan: dict, he) -> FLModel:
+        """The answer to a task the site's policy allows (the model already decrypted under HE)."""
         if task == TASK_STATS:
             return self._statistics(input_model)
         if flare.is_submit_model():  # cross-site evaluation: this site's last local model
@@ -169,14 +181,19 @@ class ClientLoop:
         return refusal_model(reason)
 
     def _decrypt(self, input_model: FLModel, he_meta: dict):
-        """Under HE: decrypt the received global model in place, keep it in the working folder; returns
-        (HE layout, client context)."""
-        decrypted, layout, ctx = _he_decode(
+        """Under HE: decrypt the received global model, check it (:class:`fedweigh.site.he_guard.HEModelGuard`),
+        put the model the site uses (the received one, or its last good one) in place and keep it in the
+        working folder; returns (HE layout, client context, receipt)."""
+        decrypted, ctx = _he_decode(
             input_model.params, he_meta, get_params(self.trainer.model), self.policy.min_secure_sum
         )
-        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **decrypted)
-        input_model.params = decrypted
-        return layout, ctx
+        round_index = input_model.current_round
+        receipt = self.he_guard.receive(
+            decrypted, None if round_index is None else int(round_index) + 1, he_meta.get("steps")
+        )
+        atomic_write_npz(Path(HE_SITE_MODEL_FILE.format(job_id=self.job_id)), **receipt.use)
+        input_model.params = dict(receipt.use)
+        return decrypted.layout, ctx, receipt
 
     def _statistics(self, input_model: FLModel) -> FLModel:
         try:
@@ -204,7 +221,9 @@ class ClientLoop:
             return self._refuse(str(e))
         self.last_local = None if he else out.params
         if he:
-            params = _he_encode(he[1], out.params, input_model.params, he[0])
+            layout, ctx, receipt = he  # Enc(update) against the model the server holds, clipped
+            encoded = self.he_guard.encode(ctx, out.params, receipt, layout, out.num_steps)
+            params = {k: torch.as_tensor(v) for k, v in encoded.items()}
         else:
             params = {k: torch.as_tensor(v) for k, v in out.params.items()}
         for key, value in out.metrics.items():
@@ -222,6 +241,7 @@ class ClientLoop:
             META_NUM_SAMPLES: out.num_samples,
             META_SCALARS: out.scalars,
             META_MIN_SECURE_SUM: int(self.policy.min_secure_sum),
+            **({META_HE_REFUSED: he[2].refusal} if he and he[2].refusal else {}),
         }
         return FLModel(params=params, params_type=ParamsType.FULL, metrics=out.metrics, meta=meta)
 
@@ -232,14 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     # DenseNets and rebuild every convolution each step; it must be raised before the first convolution.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8192")
     logging.basicConfig(level=logging.INFO)
-    args = parse_args(argv)
     flare.init()
-    loop = ClientLoop(args)
-    while flare.is_running():
-        input_model = flare.receive()
-        if input_model is None:
-            break
-        flare.send(loop.answer(input_model))
+    serve(lambda: ClientLoop(parse_args(argv)).answer)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from nvflare.apis.fl_constant import ReturnCode
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
@@ -42,10 +43,12 @@ from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.statistics import run_statistics_phase
 from fedweigh.io import atomic_write_npz, atomic_write_text
 from fedweigh.protocol import (
+    META_HE_REFUSED,
     META_NUM_SAMPLES,
     META_PLAN,
     META_REFUSED,
     META_REFUSED_JOB,
+    META_SITE_ERROR,
     STATE_JSON,
     TASK_TRAIN,
     TASK_VALIDATE,
@@ -252,6 +255,10 @@ class FedweighController(ModelController):
         self.update_norm_bound = self._safeguards.update_norm_bound
         self.min_update_cosine = self._safeguards.min_update_cosine
         self._scheme = self._job_scheme()
+        #: sites whose answer to the task under way was an error (their error, or NVFlare's return code)
+        self._task_failures: dict[str, str] = {}
+        #: why the job failed (None while it has not)
+        self.failure: str | None = None
 
     def _job_scheme(self) -> WeightingScheme:
         """The job's weighting scheme; ValueError at job creation on a bad name or option, a scheme
@@ -274,7 +281,8 @@ class FedweighController(ModelController):
     ) -> list[FLModel]:
         """Send a task and wait for the results: for every target, or, with ``train_timeout``, for
         every target up to that many seconds (then go on with what came; a site that failed or did
-        not answer is missing from the list)."""
+        not answer is missing from the list; :meth:`site_errors` says why the failed ones did)."""
+        self._task_failures = {}
         return self.broadcast_model(
             task_name=task_name,
             data=data,
@@ -283,6 +291,32 @@ class FedweighController(ModelController):
             timeout=self.train_timeout,
             wait_time_after_min_received=self.train_timeout,
         )
+
+    def _accept_train_result(self, client_name, result, fl_ctx, is_unknown_task: bool = False) -> bool:
+        """NVFlare's check of a result's return code; an error is also kept for :meth:`site_errors`."""
+        rc = result.get_return_code()
+        if rc and rc != ReturnCode.OK and not is_unknown_task:
+            self._task_failures.setdefault(
+                client_name, f"its task ended with NVFlare return code {rc} (the site's log says why)"
+            )
+        return super()._accept_train_result(client_name, result, fl_ctx, is_unknown_task)
+
+    def site_errors(self, results: list[FLModel]) -> dict[str, str]:
+        """Why sites failed the last task: the error a site's script sent (``META_SITE_ERROR``), or the
+        return code of a task that ended in error; by site, in the order they came."""
+        errors: dict[str, str] = {}
+        for r in results:
+            meta = r.meta if isinstance(r.meta, dict) else {}
+            if meta.get(META_SITE_ERROR):
+                errors[str(meta.get("client_name", "?"))] = str(meta[META_SITE_ERROR])
+        return {**errors, **{s: why for s, why in self._task_failures.items() if s not in errors}}
+
+    def fail_job(self, reason: str) -> None:
+        """End the job as failed: log ``reason`` and raise NVFlare's fatal system error (the job's
+        status becomes an execution exception; ``nvflare simulator`` exits non-zero)."""
+        if self.failure is None:
+            self.failure = reason
+            self.panic(f"fedweigh job failed: {reason}")
 
     def _out_dir(self) -> Path:
         return Path(self.get_app_dir())
@@ -400,13 +434,18 @@ class FedweighController(ModelController):
             for site, meta in collected.items():
                 if isinstance(meta, dict):
                     announced.note(site, meta.get(META_NUM_SAMPLES))
-            if not tasks.enough_sites():
+            if self.failure or not tasks.enough_sites():
                 recorder.close()
                 return
         settings = LoopSettings(
             self.sample_fraction, self.seed, start_round, evaluate_final=self.evaluate_final
         )
         run_rounds(step, tasks, recorder, plan, settings, log=self.info)
+        if tasks.rounds_run and not tasks.rounds_updated and self.failure is None:
+            self.fail_job(
+                f"none of the {tasks.rounds_run} round(s) of this run updated the global model; last round: "
+                + (tasks.last_reasons or "no site sent a result")
+            )
         for path in recorder.plot():
             self.info(f"wrote {path}")
         recorder.close()
@@ -432,6 +471,13 @@ class NVFlareTasks(Transport):
         #: sites that refused the whole job under their site policy, with the reason
         self.refused: dict[str, str] = {}
         self._targets: list[str] = []  # the sites of the round under way
+        #: the sites whose script failed on this round's task (their error), and those that answered
+        self._errors: dict[str, str] = {}
+        self._answered: set[str] = set()
+        #: rounds run and rounds that updated the global model in this run; the last round's reasons
+        self.rounds_run = 0
+        self.rounds_updated = 0
+        self.last_reasons = ""
 
     # -- the site policies' refusals ---------------------------------------------------------------
     def note_refusals(self, metas) -> None:
@@ -479,7 +525,22 @@ class NVFlareTasks(Transport):
         )
         results = c.ask_sites(TASK_TRAIN, model, task.targets, c.min_clients)
         self.note_refusals(r.meta for r in results)
+        self._errors = self.note_errors(results, f"round {task.round_index}")
+        self._answered = {str((r.meta or {}).get("client_name", "?")) for r in results} | set(self._errors)
         return [client_result(r) for r in results]
+
+    def note_errors(self, results: list[FLModel], where: str) -> dict[str, str]:
+        """Log every site's error on a task and every HE site that refused the model it decrypted;
+        returns the errors by site."""
+        c = self.controller
+        for r in results:
+            meta = r.meta if isinstance(r.meta, dict) else {}
+            if meta.get(META_HE_REFUSED):
+                c.warning(f"{where}: {meta[META_HE_REFUSED]}")
+        errors = c.site_errors(results)
+        for site, why in errors.items():
+            c.error(f"{where}: {site} failed: {why}")
+        return errors
 
     def validate(self, task: ValidateTask) -> list[dict]:
         # under HE this task delivers theta_g^T to the sites
@@ -491,6 +552,7 @@ class NVFlareTasks(Transport):
         )
         results = self.controller.ask_sites(TASK_VALIDATE, final, task.targets, 1)
         self.note_refusals(r.meta for r in results)
+        self.note_errors(results, "final validation")
         ok = [
             r
             for r in results
@@ -535,6 +597,16 @@ class NVFlareTasks(Transport):
         for site, reason in self.refused.items():
             if site not in self._targets:
                 outcome.excluded.setdefault(site, f"{site} refused the job: {reason}")
+        self.rounds_run += 1
+        self.rounds_updated += int(bool(outcome.updated))
+        self.last_reasons = "; ".join(str(why) for why in outcome.excluded.values())
+        if not outcome.updated and self._errors and self._answered <= set(self._errors):
+            first, why = next(iter(self._errors.items()))
+            c.fail_job(
+                f"round {round_index} ended with no valid result: every site that answered failed "
+                f"({len(self._errors)} of {len(self._targets)}); first error, {first}: {why}"
+            )
+            return False
         aggregated = FLModel(
             params_type=ParamsType.FULL, params=outcome.params or {}, metrics=outcome.metrics
         )

@@ -31,6 +31,7 @@ from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
 
 from fedweigh.errors import BundleError
 from fedweigh.flare.byo import answer_statistics, global_statistics, is_statistics_task, plan_of, result_meta
+from fedweigh.flare.task_loop import serve
 from fedweigh.protocol import META_NUM_SAMPLES, TASK_TRAIN
 from fedweigh.train import fedprox_term
 
@@ -40,6 +41,7 @@ __all__ = [
     "SITE_OVERRIDES_ENV",
     "BundleError",
     "BundleSite",
+    "answer_task",
     "label_counts",
     "main",
     "parse_args",
@@ -283,51 +285,55 @@ def _resolve_root(bundle_root: str, script_dir: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> None:
     """The Client API loop: statistics, train and evaluation tasks answered by the bundle."""
     logging.basicConfig(level=logging.INFO)
-    args = parse_args(argv)
     flare.init()
-    site_name = flare.get_site_name()
-    overrides = {**parse_overrides(args.override, site_name), **site_overrides(site_name)}
-    site = BundleSite(
-        _resolve_root(args.bundle_root, Path(sys.argv[0]).resolve().parent),
-        site_name,
-        local_epochs=args.local_epochs,
-        train_config=args.train_config,
-        eval_config=args.eval_config,
-        overrides=overrides,
-        label_key=args.label_key,
-        num_classes=args.num_classes,
-    )
-    logger.info("%s: bundle %s, %d training items", site_name, args.bundle_root, site.num_samples)
+    sites: list[BundleSite] = []
+
+    def setup():
+        args = parse_args(argv)
+        site_name = flare.get_site_name()
+        overrides = {**parse_overrides(args.override, site_name), **site_overrides(site_name)}
+        site = BundleSite(
+            _resolve_root(args.bundle_root, Path(sys.argv[0]).resolve().parent),
+            site_name,
+            local_epochs=args.local_epochs,
+            train_config=args.train_config,
+            eval_config=args.eval_config,
+            overrides=overrides,
+            label_key=args.label_key,
+            num_classes=args.num_classes,
+        )
+        sites.append(site)
+        logger.info("%s: bundle %s, %d training items", site_name, args.bundle_root, site.num_samples)
+        return lambda received: answer_task(site, received)
+
     try:
-        while flare.is_running():
-            received = flare.receive()
-            if received is None:
-                break
-            if is_statistics_task():
-                flare.send(answer_statistics(received, site.class_counts, site.num_samples))
-                continue
-            if flare.get_task_name() != TASK_TRAIN:  # evaluation of the global model
-                metrics = site.evaluate(received.params or {})
-                flare.send(FLModel(metrics=metrics, meta={META_NUM_SAMPLES: site.num_samples}))
-                continue
-            plan = plan_of(received)
-            mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
-            params, steps = site.train_round(received.params, mu)
-            needs_counts = bool(plan.get("scalars"))
-            flare.send(
-                FLModel(
-                    params=params,
-                    params_type=ParamsType.FULL,
-                    metrics=site.evaluate(params),
-                    meta=result_meta(
-                        received,
-                        num_samples=site.num_samples,
-                        num_steps=steps,
-                        class_counts=site.class_counts if needs_counts else None,
-                        params=params,
-                        global_stats=global_statistics(),
-                    ),
-                )
-            )
+        serve(setup)
     finally:
-        site.finalize()
+        for site in sites:
+            site.finalize()
+
+
+def answer_task(site: BundleSite, received: FLModel) -> FLModel:
+    """The bundle site's answer to one task: statistics, evaluation of the global model, or training."""
+    if is_statistics_task():
+        return answer_statistics(received, site.class_counts, site.num_samples)
+    if flare.get_task_name() != TASK_TRAIN:  # evaluation of the global model
+        metrics = site.evaluate(received.params or {})
+        return FLModel(metrics=metrics, meta={META_NUM_SAMPLES: site.num_samples})
+    plan = plan_of(received)
+    mu = float(plan.get("fedprox_mu", 0.0) or 0.0)
+    params, steps = site.train_round(received.params, mu)
+    needs_counts = bool(plan.get("scalars"))
+    return FLModel(
+        params=params,
+        params_type=ParamsType.FULL,
+        metrics=site.evaluate(params),
+        meta=result_meta(
+            received,
+            num_samples=site.num_samples,
+            num_steps=steps,
+            class_counts=site.class_counts if needs_counts else None,
+            params=params,
+            global_stats=global_statistics(),
+        ),
+    )

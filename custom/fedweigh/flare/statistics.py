@@ -34,15 +34,26 @@ from nvflare.app_common.abstract.fl_model import FLModel
 
 from fedweigh.flare.keys import role_context_provider
 from fedweigh.histograms import (
+    META_ANNOUNCED_N,
     META_LENGTH,
+    META_NOISED,
     GlobalStats,
     PlainExchange,
     StatisticsExchange,
+    check_announced_size,
     decode_sum,
     statistics_vector,
 )
 from fedweigh.io import atomic_write_json
-from fedweigh.protocol import ABSOLUTE_MIN, META_MIN_SECURE_SUM, META_NUM_SAMPLES, META_PLAN, TASK_STATS
+from fedweigh.protocol import (
+    ABSOLUTE_MIN,
+    META_MIN_SECURE_SUM,
+    META_NUM_SAMPLES,
+    META_PLAN,
+    META_REFUSED,
+    META_SITE_ERROR,
+    TASK_STATS,
+)
 from fedweigh.secure.exchange import SecureExchange
 from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.server.label_stats import sum_statistics
@@ -50,9 +61,11 @@ from fedweigh.site.policy import PERMISSIVE_DEFAULT, SitePolicy
 
 __all__ = [
     "GLOBAL_STATS_FILE",
+    "announced_size",
     "answer_statistics_task",
     "keep_global_stats",
     "load_cached_global_stats",
+    "log_distribution",
     "make_exchange",
     "run_statistics_phase",
 ]
@@ -88,6 +101,7 @@ def run_statistics_phase(
         )
     task_meta = {META_STEP: "collect", META_MODE: mode, **({META_PLAN: plan} if plan else {})}
     results = controller.ask_sites(TASK_STATS, FLModel(params={}, meta=task_meta), sites, 1)
+    errors = _site_errors(controller, results)
     payloads: dict[str, object] = {}
     for r in results:
         meta = r.meta if isinstance(r.meta, dict) else {}
@@ -97,9 +111,19 @@ def run_statistics_phase(
     for site, why in outcome.excluded.items():
         controller.warning(f"statistics: leaving {site} out: {why}")
     for site in sites:
-        if site not in payloads:
+        if site not in payloads and site not in errors:
             controller.warning(f"statistics: {site} sent no contribution in time; left out")
+        elif site in errors and site not in payloads:
+            controller.warning(f"statistics: leaving {site} out: {site} failed: {errors[site]}")
     if outcome.total is None:
+        answered = set(payloads) | set(errors)
+        if errors and answered <= set(errors):  # every site that answered failed: no run can follow
+            first, why = next(iter(errors.items()))
+            controller.fail_job(
+                f"the statistics phase ended with no valid contribution: every site that answered failed "
+                f"({len(errors)} of {len(sites)}); first error, {first}: {why}"
+            )
+            return payloads
         controller.warning(
             f"statistics ({mode}): nothing summed: {outcome.reason}; the sites train with their local statistics"
         )
@@ -110,9 +134,59 @@ def run_statistics_phase(
         META_MODE: mode,
         **({META_PLAN: plan} if plan else {}),
         **outcome.total,
+        **announced_size(payloads, outcome.members),
     }
-    controller.ask_sites(TASK_STATS, FLModel(params={}, meta=distribute), sites, 1)
+    answers = controller.ask_sites(TASK_STATS, FLModel(params={}, meta=distribute), sites, 1)
+    log_distribution(controller, sites, answers, _site_errors(controller, answers))
     return payloads
+
+
+def announced_size(payloads: dict[str, object], members: list[str]) -> dict:
+    """What the server announces with the sum for the sites' check (:func:`fedweigh.histograms.check_announced_size`):
+    the sum of the members' N_k as they report it in clear, and whether a contribution was noised."""
+    sizes = [payloads[s].get(META_NUM_SAMPLES) for s in members if isinstance(payloads.get(s), dict)]  # type: ignore[union-attr]
+    noised = any(isinstance(payloads.get(s), dict) and payloads[s].get(META_NOISED) for s in members)  # type: ignore[union-attr]
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes):
+        return {}  # a member without a valid size: the sites then refuse the sum, naming it
+    return {META_ANNOUNCED_N: int(sum(sizes)), **({META_NOISED: True} if noised else {})}
+
+
+def log_distribution(controller, sites: list[str], answers: list[FLModel], errors: dict[str, str]) -> None:
+    """Log every site's answer to the distributed sum: decoded, refused (with its reason) or none."""
+    ok, refused = [], {}
+    for r in answers:
+        meta = r.meta if isinstance(r.meta, dict) else {}
+        site = str(meta.get("client_name", "?"))
+        if meta.get("ok"):
+            ok.append(site)
+        elif site not in errors:
+            refused[site] = str(meta.get("error") or meta.get(META_REFUSED) or "no reason given")
+    for site, why in {**refused, **errors}.items():
+        controller.warning(f"statistics: {site} could not use the global statistics: {why}")
+    silent = [s for s in sites if s not in ok and s not in refused and s not in errors]
+    for site in silent:
+        controller.warning(f"statistics: {site} did not answer the distributed sum in time")
+    if ok:
+        controller.info(f"statistics: {len(ok)} of {len(sites)} site(s) decoded the global statistics: {ok}")
+    else:
+        first = next(iter({**refused, **errors}.items()), None)
+        controller.warning(
+            "statistics: no site could use the summed statistics; they train with their local statistics"
+            + (f" (first reason, {first[0]}: {first[1]})" if first else "")
+        )
+
+
+def _site_errors(controller, results: list[FLModel]) -> dict[str, str]:
+    """The sites whose script failed on the task: the controller's record (errors sent and NVFlare return
+    codes) when it keeps one, else the errors the results carry."""
+    if hasattr(controller, "site_errors"):
+        return controller.site_errors(results)
+    out = {}
+    for r in results:
+        meta = r.meta if isinstance(r.meta, dict) else {}
+        if meta.get(META_SITE_ERROR):
+            out[str(meta.get("client_name", "?"))] = str(meta[META_SITE_ERROR])
+    return out
 
 
 # ---------------------------------------------------------------------------------------- client
@@ -154,11 +228,15 @@ def answer_statistics_task(
                 META_LENGTH: int(vector.size),
                 META_NUM_SAMPLES: trainer.num_train,
                 META_MIN_SECURE_SUM: int(policy.min_secure_sum),
+                **({META_NOISED: True} if release.epsilon is not None else {}),
                 **payload,
             },
         )
     try:
         stats = decode_sum(exchange.decode(meta))
+        check_announced_size(
+            stats, meta.get(META_ANNOUNCED_N), bool(meta.get(META_NOISED)), trainer.num_train
+        )
     except ValueError as e:  # too few contributions for this site's policy, or an inconsistent sum
         logger.error("%s: global statistics not decoded: %s", trainer.site_name, e)
         return FLModel(metrics={"stats_received": 0.0}, meta={"ok": False, "error": str(e)})

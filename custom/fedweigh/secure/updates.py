@@ -15,8 +15,9 @@ Protocol (docs/privacy.md, "Encrypted model updates"). Round t = 1..T, site k, w
    (ciphertext x plaintext scalar, then ciphertext additions; in round 1 Enc(theta_g^0) is replaced
    by the plaintext theta_g^0, added as a plaintext). It keeps Enc(theta_g^t) and sends it with the
    next task; every site decrypts it. So the server never sees an update nor, after round 1, the
-   global model, and a site needs no state across rounds (partial participation and relaunched
-   client processes work).
+   global model. Each site checks the model it decrypts and keeps the last good one
+   (:mod:`fedweigh.site.he_guard`): the server cannot look into an update, the sites can look at the
+   sum.
 
 Every update ends with one check slot holding 1, so the encrypted global model carries the sum of
 all weights applied so far; the server announces that sum in clear and each site compares it after
@@ -64,13 +65,17 @@ from fedweigh.protocol import ZERO_WEIGHT
 from fedweigh.secure.vectors import check_fresh_ciphertext
 
 __all__ = [
+    "CHECK_TOLERANCE",
     "DEFAULT_SLOTS",
     "ENCODING",
     "GLOBAL_PREFIX",
     "HELayout",
     "MAX_ABS_VALUE",
     "UPDATE_PREFIX",
+    "DecryptedGlobal",
+    "clip_update",
     "decode_global",
+    "decrypt_global",
     "decrypt_chunks",
     "encode_update",
     "encrypt_chunks",
@@ -384,6 +389,87 @@ def unpack_chunks(params: Mapping, prefix: str) -> tuple[list[bytes], dict[str, 
 
 
 # ------------------------------------------------------------------------------------------- site
+@dataclass(frozen=True)
+class DecryptedGlobal:
+    """What a site decrypted: the global model (``params``, in the site's order and dtypes), its HE
+    layout, and the check slot as decrypted next to the value the server announced (both NaN for
+    a plaintext model, which has no check slot)."""
+
+    params: dict[str, np.ndarray]
+    layout: HELayout
+    encrypted: bool
+    check: float = math.nan
+    expected_check: float = math.nan
+    #: largest |value| of the decrypted vector (0 for a plaintext model)
+    peak: float = 0.0
+
+    @property
+    def check_problem(self) -> str | None:
+        """Why the check slot is wrong (None: it matches, or the model was sent in clear).
+
+        A vector whose values are all within the encoding's range (:data:`MAX_ABS_VALUE`) decrypted
+        with the right key: a wrong check slot then means a site put another value than 1 in the check
+        slot of its update (forged). Values beyond that range are what another key's ciphertext
+        decrypts to (startup kits of different provisionings, or simulation keys mixed with kit keys)."""
+        if not self.encrypted:
+            return None
+        got, expected = self.check, self.expected_check
+        if abs(got - expected) <= CHECK_TOLERANCE * max(1.0, abs(expected)):
+            return None
+        if math.isfinite(got) and self.peak < MAX_ABS_VALUE:
+            return (
+                f"HE: forged check slot: the encrypted global model's check slot decrypts to {got:.6g}, the "
+                f"server announced the sum of the weights applied, {expected:.6g}; the other values decrypt "
+                "within range, so the keys match: a site sent an update whose check slot is not 1"
+            )
+        return (
+            f"HE: the encrypted global model does not decrypt consistently (check slot {got:.6g}, "
+            f"expected {expected:.6g}, values up to {self.peak:.3g}): a contribution was encrypted with "
+            "another key (startup kits from different provisionings, or simulation keys mixed with kit keys)"
+        )
+
+
+def decrypt_global(
+    ctx: ts.Context,
+    received: Mapping,
+    he_meta: Mapping,
+    reference: Mapping[str, np.ndarray],
+    min_contributions: int = 1,
+) -> DecryptedGlobal:
+    """Decrypt the global model a site received, without judging its check slot (:func:`decode_global`
+    does; :class:`fedweigh.site.he_guard.HEModelGuard` repairs a forged one).
+
+    ``reference``: the site's own model parameters (names, shapes, dtypes). A plaintext model
+    (round 1) is returned as it is, checked for completeness. An encrypted one is decrypted only
+    when its last aggregation summed at least ``min_contributions`` updates (the site policy's
+    minimum; :mod:`fedweigh.server.quorum`), else ValueError saying so.
+    """
+    layout = HELayout.from_meta(he_meta, reference)
+    chunks, clear = unpack_chunks(received, GLOBAL_PREFIX)
+    if not chunks:
+        values = {k: clear.pop(k) for k in layout.keys if k in clear}
+        merged = check_same_layout(
+            "HE: the received global model", {**clear, **values}, reference, finite=False
+        )
+        return DecryptedGlobal(merged, layout, encrypted=False)
+    count = he_meta.get("contributions")
+    if not isinstance(count, int) or isinstance(count, bool) or count < min_contributions:
+        raise ValueError(
+            f"HE: the encrypted global model's last aggregation summed {count!r} update(s); this site's "
+            f"policy decrypts a secure sum only with at least {min_contributions} contributions"
+        )
+    vector = decrypt_chunks(ctx, chunks, layout)
+    finite = vector[np.isfinite(vector)]
+    peak = float(np.abs(finite).max()) if finite.size else math.inf
+    if finite.size < vector.size:
+        peak = math.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = layout.unflatten(vector[:-1], reference)
+    merged = check_same_layout("HE: the received global model", {**clear, **values}, reference, finite=False)
+    expected = float(he_meta.get("check", math.nan))
+    return DecryptedGlobal(merged, layout, True, float(vector[-1]), expected, peak)
+
+
 def decode_global(
     ctx: ts.Context,
     received: Mapping,
@@ -392,35 +478,13 @@ def decode_global(
     min_contributions: int = 1,
 ) -> tuple[dict[str, np.ndarray], HELayout]:
     """The plaintext global model a site received: decrypted chunks + clear arrays, in ``reference``
-    order and dtypes (``reference``: the site's own model parameters, for names, shapes and dtypes).
-
-    A plaintext model (round 1) is returned as it is, checked for completeness. An encrypted one is
-    decrypted only when its last aggregation summed at least ``min_contributions`` updates (the
-    site policy's minimum; :mod:`fedweigh.server.quorum`), else ValueError saying so.
-    """
-    layout = HELayout.from_meta(he_meta, reference)
-    chunks, clear = unpack_chunks(received, GLOBAL_PREFIX)
-    if chunks:
-        count = he_meta.get("contributions")
-        if not isinstance(count, int) or isinstance(count, bool) or count < min_contributions:
-            raise ValueError(
-                f"HE: the encrypted global model's last aggregation summed {count!r} update(s); this site's "
-                f"policy decrypts a secure sum only with at least {min_contributions} contributions"
-            )
-        vector = decrypt_chunks(ctx, chunks, layout)
-        expected = float(he_meta.get("check", math.nan))
-        if not abs(vector[-1] - expected) <= CHECK_TOLERANCE * max(1.0, abs(expected)):
-            raise ValueError(
-                f"HE: the encrypted global model does not decrypt consistently (check slot {vector[-1]:.6g}, "
-                f"expected {expected:.6g}): a contribution was encrypted with another key (startup kits "
-                "from different provisionings, or simulation keys mixed with kit keys) or was corrupted"
-            )
-        values = layout.unflatten(vector[:-1], reference)
-    else:
-        values = {k: clear.pop(k) for k in layout.keys if k in clear}
-    merged = {**clear, **values}
-    checked = check_same_layout("HE: the received global model", merged, reference, finite=False)
-    return checked, layout
+    order and dtypes (:func:`decrypt_global`); ValueError when its check slot is wrong, naming a forged
+    check slot or a key mismatch (:attr:`DecryptedGlobal.check_problem`)."""
+    decrypted = decrypt_global(ctx, received, he_meta, reference, min_contributions)
+    problem = decrypted.check_problem
+    if problem:
+        raise ValueError(problem)
+    return decrypted.params, decrypted.layout
 
 
 def encode_update(
@@ -428,9 +492,11 @@ def encode_update(
     params: Mapping[str, np.ndarray],
     global_params: Mapping[str, np.ndarray],
     layout: HELayout,
+    check: float = 1.0,
 ) -> dict[str, np.ndarray]:
-    """What a site sends: Enc([theta_k - theta_g, 1]) for the layout's arrays (chunks under
-    :data:`UPDATE_PREFIX`) and its other arrays in clear.
+    """What a site sends: Enc([theta_k - theta_g, check]) for the layout's arrays (chunks under
+    :data:`UPDATE_PREFIX`) and its other arrays in clear (``check`` is 1 except in a site's repair of a
+    forged check slot, :class:`fedweigh.site.he_guard.HEModelGuard`).
 
     The last slot holds 1, so the encrypted global model carries the sum of all weights applied so
     far, which the server announces in clear (``check`` in :meth:`EncryptedGlobalModel.meta`): a
@@ -439,8 +505,32 @@ def encode_update(
     theta_k = layout.flatten(params)
     _check_magnitude(theta_k, "the trained model")
     delta = theta_k - layout.flatten(global_params)
-    vector = np.append(delta, 1.0)  # check slot: the aggregate carries sum_k w_k there
+    vector = np.append(delta, float(check))  # check slot: the aggregate carries sum_k w_k there
     out = pack_chunks(encrypt_chunks(ctx, vector, layout.slots), UPDATE_PREFIX)
     for key in layout.clear_keys(params):
         out[key] = np.asarray(params[key])
     return out
+
+
+def clip_update(
+    params: Mapping[str, np.ndarray],
+    base: Mapping[str, np.ndarray],
+    keys: Sequence[str],
+    max_norm: float | None,
+) -> tuple[dict[str, np.ndarray], float]:
+    """``params`` with the update of the arrays ``keys`` scaled down to L2 norm ``max_norm``:
+    theta' = theta_b + (theta - theta_b) * min(1, C / ||theta - theta_b||) over those arrays (float64
+    norm, other arrays unchanged; ``max_norm`` None: no clipping), and the norm before clipping.
+
+    The per-update clipping of DP-FedAvg (McMahan et al., ICLR 2018) without the noise: it bounds what
+    one site's update can add to a sum the server cannot read.
+    """
+    deltas = {k: np.asarray(params[k], np.float64) - np.asarray(base[k], np.float64) for k in keys}
+    norm = float(math.sqrt(sum(float(np.sum(d * d)) for d in deltas.values())))
+    if max_norm is None or not math.isfinite(norm) or norm <= max_norm:
+        return dict(params), norm
+    scale = max_norm / norm
+    out = dict(params)
+    for k, d in deltas.items():
+        out[k] = (np.asarray(base[k], np.float64) + scale * d).astype(np.asarray(params[k]).dtype)
+    return out, norm

@@ -164,6 +164,14 @@ def decrypt_vector(
     if expected is None:
         expected = max(1, int(round(count))) if math.isfinite(count) else 1
     if not math.isfinite(count) or abs(count - expected) > COUNT_TOLERANCE:
+        if np.isfinite(slots).all() and float(np.abs(slots).max()) < MAX_ABS_VALUE:
+            # every slot within the encoding's range (valid slots stay below 2^30 per contribution; another
+            # key's ciphertext decrypts to values near the modulus): the key matches, a slot was forged
+            raise ValueError(
+                f"forged count slot: the encrypted sum's count slot decrypts to {count:.6g}, the server summed "
+                f"{expected} contribution(s), and the other slots decrypt within range (the keys match): a "
+                "site sent a contribution whose count slot is not 1 (or the server announced a wrong count)"
+            )
         raise ValueError(
             f"the encrypted sum does not decrypt consistently (count slot {count:.6g}, expected {expected}): "
             "the contributions were encrypted with different keys (startup kits from different "

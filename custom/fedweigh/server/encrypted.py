@@ -31,7 +31,21 @@ from fedweigh.secure.updates import (
 from fedweigh.server.rounds import AggregationBackend
 from fedweigh.weighting.base import ClientReport, WeightingScheme
 
-__all__ = ["EncryptedContribution", "EncryptedGlobalModel"]
+__all__ = ["EncryptedContribution", "EncryptedGlobalModel", "weighted_median_steps"]
+
+
+def weighted_median_steps(steps: Sequence[int], weights: Sequence[float]) -> int:
+    """The weighted median of the sites' local step counts: the smallest tau_k whose cumulative weight
+    (sites sorted by tau) reaches half the total. One site that reports a huge count moves it only
+    if it holds half the weight, which the weight cap prevents from three sites on."""
+    pairs = sorted((int(t), float(w)) for t, w in zip(steps, weights, strict=True) if abs(w) >= ZERO_WEIGHT)
+    total = sum(w for _, w in pairs)
+    acc = 0.0
+    for tau, w in pairs:
+        acc += w
+        if acc >= total / 2:
+            return tau
+    return 0
 
 
 @dataclass
@@ -81,6 +95,9 @@ class EncryptedGlobalModel(AggregationBackend):
         self.check_value = 0.0
         #: updates summed by the last aggregation (sites refuse to decrypt below their policy's minimum)
         self.contributions = 0
+        #: the weighted median of the local step counts the last aggregation summed (the sites scale
+        #: their own update by it when they judge the model, :mod:`fedweigh.site.he_guard`); 0: none yet
+        self.round_steps = 0
         self._initial_values = {k: reference[k] for k in self.layout.keys}
         self.chunks: list[bytes] | None = None
         self._vectors: list[ts.CKKSVector] | None = None
@@ -100,7 +117,12 @@ class EncryptedGlobalModel(AggregationBackend):
 
     def meta(self) -> dict:
         """The layout and the expected check slot (both in clear: names and a sum of weights)."""
-        return {**self.layout.to_meta(), "check": self.check_value, "contributions": self.contributions}
+        return {
+            **self.layout.to_meta(),
+            "check": self.check_value,
+            "contributions": self.contributions,
+            "steps": self.round_steps,
+        }
 
     def task_meta(self) -> dict:
         """The task meta that tells a site to decrypt: {META_HE: layout and check value}."""
@@ -157,6 +179,7 @@ class EncryptedGlobalModel(AggregationBackend):
         if summed is not None:
             self.check_value += float(sum(wk for wk in w if abs(wk) >= ZERO_WEIGHT))
             self.contributions = int(sum(1 for wk in w if abs(wk) >= ZERO_WEIGHT))
+            self.round_steps = weighted_median_steps([r.num_steps for r in reports], w)
             self._vectors = summed
             self.chunks = [v.serialize() for v in summed]
             self._initial, self._initial_values = None, {}
@@ -178,6 +201,7 @@ class EncryptedGlobalModel(AggregationBackend):
         arrays["layout_fingerprint"] = np.array(self.layout.fingerprint)
         arrays["check_value"] = np.array(self.check_value)
         arrays["contributions"] = np.array(self.contributions)
+        arrays["round_steps"] = np.array(self.round_steps)
         atomic_write_npz(path, **arrays)
 
     def load(self, path: str | Path) -> None:
@@ -189,6 +213,7 @@ class EncryptedGlobalModel(AggregationBackend):
             self.clear = {f[len("clear/") :]: npz[f] for f in files if f.startswith("clear/")}
             self.check_value = float(npz["check_value"])
             self.contributions = int(npz["contributions"]) if "contributions" in files else 0
+            self.round_steps = int(npz["round_steps"]) if "round_steps" in files else 0
             enc = sorted(f for f in files if f.startswith("enc/"))
             if enc:
                 self.chunks = [npz[f].tobytes() for f in enc]

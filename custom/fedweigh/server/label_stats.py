@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fedweigh.histograms import META_LENGTH, StatisticsExchange
-from fedweigh.protocol import META_MIN_SECURE_SUM, META_REFUSED
+from fedweigh.protocol import META_MIN_SECURE_SUM, META_REFUSED, META_SITE_ERROR
 from fedweigh.server.quorum import parse_minimum, secure_sum_quorum
 
 __all__ = ["StatisticsSum", "sum_statistics"]
@@ -45,6 +45,9 @@ def sum_statistics(exchange: StatisticsExchange, payloads: Mapping[str, object],
     for site, payload in sorted(payloads.items()):
         if not isinstance(payload, Mapping):
             excluded[site] = f"{site}: its statistics result is not a mapping"
+            continue
+        if payload.get(META_SITE_ERROR):
+            excluded[site] = f"{site} failed: {payload.get(META_SITE_ERROR)}"
             continue
         if payload.get(META_REFUSED):
             excluded[site] = f"{site} refused the job: {payload.get(META_REFUSED)}"

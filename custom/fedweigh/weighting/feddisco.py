@@ -9,7 +9,8 @@ with the target distribution T (``target=``):
   ``global_dist = np.ones(C) / C`` unless a known imbalanced test distribution is given), the
   paper's assumption of a balanced global (test) distribution. Needs no global histogram.
 - "global": T = H / sum(H), the securely aggregated training histogram (our earlier reading; it
-  asks for the statistics phase).
+  asks for the statistics phase). A site that holds no global histogram (the phase summed nothing,
+  or it refused the sum) falls back to the uniform target with a warning.
 
 Server:
     d~_k = d_k / sum_j d_j                      (all zero -> d~ = 0)
@@ -23,6 +24,7 @@ positives at all is treated as uniform over the classes (multi-label sites can h
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +41,11 @@ from fedweigh.weighting.base import (
     scalar_vector,
 )
 
+logger = logging.getLogger("fedweigh.weighting.feddisco")
+
 _FLOOR = 1e-12
+#: Whether this process warned already that target="global" fell back to the uniform target.
+_FALLBACK_WARNED: list[bool] = []
 TARGETS: tuple[str, ...] = ("uniform", "global")
 
 
@@ -95,10 +101,13 @@ class FedDiscoWeights(WeightingScheme):
         if self.target == "uniform":
             return {"discrepancy": kl_discrepancy(class_counts, None)}
         global_class_counts = ctx.global_class_counts
-        if global_class_counts is None:
-            raise ValueError(
-                "feddisco: with target='global' the client needs the global class histogram to compute "
-                "its discrepancy (run the statistics phase, or use target='uniform')"
+        if global_class_counts is None and not _FALLBACK_WARNED:
+            # the statistics phase gave this site no global histogram (nothing summed, or a sum it
+            # refused): the uniform target, as the authors' code, rather than no result at all
+            _FALLBACK_WARNED.append(True)  # once per process: it holds for the whole job
+            logger.warning(
+                "feddisco: target='global' but this site holds no global class histogram (the statistics "
+                "phase gave none); its discrepancy is taken against the uniform target instead"
             )
         return {"discrepancy": kl_discrepancy(class_counts, global_class_counts)}
 
