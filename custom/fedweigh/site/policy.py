@@ -12,6 +12,7 @@ optional; a missing one takes the default of the column that applies::
       "max_epsilon_per_job": 10.0,           # DP-SGD + statistics epsilon within one budget (null: no cap)
       "max_epsilon_total": 100.0,            # over every budget this site ever spent (null: no cap)
       "max_delta": 1e-5,                     # largest delta of any one DP release (and always < 1/N_k)
+      "read_dirs": [],                       # folders a job may read `pretrained` from, besides its own
       "min_secure_sum": 3,                   # fewest contributions to any secure sum it decrypts
       "report_scalars": ["similarity", "skew", "imbalance", "discrepancy"]
     }
@@ -26,9 +27,12 @@ require_statistics_dp      false                      false
 max_epsilon_per_job        10.0                       none
 max_epsilon_total          100.0                      none
 max_delta                  1e-5                       1e-5
+read_dirs                  ``[]`` (the job's own)     any folder
 min_secure_sum             3                          2
 report_scalars             all four                   all four
 =========================  =========================  ============================================
+
+A policy file writable by every user of the machine is refused (anyone could loosen it).
 
 A site whose startup kit is provisioned (it holds ``fed_client.json`` or ``rootCA.pem``) and that
 has no policy file gets the left column; anything else (``nvflare simulator``, the benchmark) the
@@ -55,6 +59,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -101,6 +106,8 @@ class SitePolicy:
     max_epsilon_per_job: float | None = 10.0
     max_epsilon_total: float | None = 100.0
     max_delta: float = DEFAULT_MAX_DELTA
+    #: folders a job may read a ``pretrained`` checkpoint from, besides its own (None: any folder)
+    read_dirs: tuple[str, ...] | None = ()
     min_secure_sum: int = 3
     report_scalars: tuple[str, ...] = KNOWN_SCALARS
     source: str = "built-in default"
@@ -131,6 +138,12 @@ class SitePolicy:
             raise FileNotFoundError(f"site policy {path} does not exist") from e
         except json.JSONDecodeError as e:
             raise ValueError(f"site policy {path} is not valid JSON: {e}") from e
+        mode = path.stat().st_mode
+        if mode & stat.S_IWOTH:
+            raise PermissionError(
+                f"site policy {path} is writable by every user of this machine (mode {stat.filemode(mode)}): "
+                f"anyone could loosen it. Make it writable by its owner only: chmod o-w {path}"
+            )
         return cls.from_dict(raw, str(path), base)
 
     def as_dict(self) -> dict:
@@ -143,6 +156,7 @@ class SitePolicy:
             "max_epsilon_per_job": self.max_epsilon_per_job,
             "max_epsilon_total": self.max_epsilon_total,
             "max_delta": self.max_delta,
+            "read_dirs": None if self.read_dirs is None else list(self.read_dirs),
             "min_secure_sum": self.min_secure_sum,
             "report_scalars": list(self.report_scalars),
         }
@@ -173,6 +187,12 @@ class SitePolicy:
                 return self._refuse(
                     f"the job asks for {name}={delta}, above this site's max_delta={self.max_delta:g}"
                 )
+        pretrained = getattr(args, "pretrained", None)
+        if pretrained is not None and not self.may_read(pretrained):
+            return self._refuse(
+                f"the job reads the checkpoint pretrained={pretrained!r} from outside its own folder and this "
+                f"site's read_dirs={list(self.read_dirs or [])}"
+            )
         planned = float(dp_epsilon or 0.0) + float(stats_epsilon or 0.0)
         if self.max_epsilon_per_job is not None and planned > self.max_epsilon_per_job:
             return self._refuse(
@@ -180,6 +200,15 @@ class SitePolicy:
                 f"more than this site's max_epsilon_per_job={self.max_epsilon_per_job:g}"
             )
         return None
+
+    def may_read(self, path: str | Path, workspace: str | Path | None = None) -> bool:
+        """Whether a job may read ``path`` (links followed): inside ``workspace`` (default: the working
+        folder, the job's own) or a folder of ``read_dirs``; any path when ``read_dirs`` is None."""
+        if self.read_dirs is None:
+            return True
+        resolved = Path(os.path.expanduser(os.path.expandvars(str(path)))).resolve()
+        folders = [Path(workspace if workspace is not None else Path.cwd()), *map(Path, self.read_dirs)]
+        return any(resolved == f.resolve() or f.resolve() in resolved.parents for f in folders)
 
     def statistics_refusal(self, mode: object) -> str | None:
         """Why the site refuses a statistics exchange in ``mode``, or None."""
@@ -221,6 +250,12 @@ def _check_field(origin: str, name: str, value: object) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
             raise ValueError(f"{where} must be a number >= 0 or null (no cap), got {value!r}")
         return float(value)
+    if name == "read_dirs":
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(d, str) and os.path.isabs(d) for d in value):
+            raise ValueError(f"{where} must be a list of absolute folder paths or null (any), got {value!r}")
+        return tuple(value)
     if name == "max_delta":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < 1):
             raise ValueError(f"{where} must be a number in (0, 1), got {value!r}")
@@ -245,6 +280,7 @@ PROVISIONED_DEFAULT = SitePolicy(source="default policy of a provisioned site (n
 #: Simulation and in-process runs without a policy file: every mode, no caps, sums of two or more.
 PERMISSIVE_DEFAULT = SitePolicy(
     statistics_modes=STATISTICS_MODES,
+    read_dirs=None,
     max_epsilon_per_job=None,
     max_epsilon_total=None,
     min_secure_sum=ABSOLUTE_MIN,
