@@ -245,6 +245,8 @@ class SitePolicyResultFilter(Filter):
         self._job_refusals: dict[str, str | None] = {}
 
     def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        if isinstance(fl_ctx.get_engine(), ServerEngineSpec):  # a server reading the same privacy.json
+            return shareable
         policy = self._reader.policy(fl_ctx)
         job_id = str(fl_ctx.get_job_id())
         if job_id not in self._job_refusals:
