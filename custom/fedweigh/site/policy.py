@@ -39,7 +39,8 @@ has no policy file gets the left column; anything else (``nvflare simulator``, t
 permissive right one, through the same code. A job asking for less than the policy is refused by
 the site: it answers every task with the reason (``fedweigh_refused``) instead of any data, the site
 and the server log it, and the server leaves the site out (and stops the job when too few sites
-remain).
+remain). fedweigh's client script applies the policy itself; the hospital's ``local/privacy.json``
+applies it outside the job's code too, for jobs that bring their own (:mod:`fedweigh.flare.policy_filter`).
 
 Epsilon is spent per *budget*: the id the server announces with every task (the first job's id,
 kept across ``resume_from``), so a resumed run continues its account instead of starting again at
