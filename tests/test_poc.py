@@ -130,6 +130,15 @@ def _export_jobs(out: Path) -> dict[str, Path]:
     }
 
 
+def _allow_lead_byoc(kit: Path) -> None:
+    """What a hospital that turns BYOC on for its leads writes: local/authorization.json, the
+    provisioned default with the lead's ``byoc`` right set to ``any``."""
+    authz = json.loads((kit / "local" / "authorization.json.default").read_text())
+    assert authz["permissions"]["lead"]["byoc"] == "none", "the shipped project must give no role byoc"
+    authz["permissions"]["lead"]["byoc"] = "any"
+    (kit / "local" / "authorization.json").write_text(json.dumps(authz, indent=2))
+
+
 def _allow_fedweigh(kit: Path) -> str:
     """Run provisioning/allow_fedweigh.py on ``kit`` as a site's IT would."""
     proc = subprocess.run(
@@ -179,6 +188,10 @@ def poc(tmp_path_factory):
         set_admin_message_timeout(prod / admin_kit, 60.0)
     for site, config in SITE_DATA.items():
         (prod / site / "local" / "fedweigh_site.json").write_text(json.dumps(config))
+    # the shipped project gives no role BYOC; this run compares a bundled job with an installed one,
+    # so each kit opts in for its leads (docs/deploy.md)
+    for kit in (SERVER, *HOSPITALS):
+        _allow_lead_byoc(prod / kit)
     jobs = _export_jobs(root / "jobs")
     run = PocRun(prod=prod, root=root)
     run.wall["provision_and_export"] = time.monotonic() - start

@@ -132,18 +132,18 @@ def test_the_ledger_caps_each_budget_and_the_site_total(tmp_path):
     path = tmp_path / "ledger.json"
     policy = SitePolicy(max_epsilon_per_job=5.0, max_epsilon_total=8.0)
     first = PrivacyGuard(policy, PrivacyLedger(path), "hospital-a", "job-1")
-    first.check("statistics", 1.0)
+    first.check("statistics", 1.0, delta=1e-5, num_samples=1000)
     first.record("statistics", 1.0)
-    first.check("dp_sgd", 4.0)  # 1 + 4 = 5: at the per-job cap
+    first.check("dp_sgd", 4.0, delta=1e-5, num_samples=1000)  # 1 + 4 = 5: at the per-job cap
     first.record("dp_sgd", 4.0)
     with pytest.raises(PolicyRefusal, match="budget 'job-1' to epsilon 5.5.*max_epsilon_per_job=5"):
-        first.check("dp_sgd", 4.5)
+        first.check("dp_sgd", 4.5, delta=1e-5, num_samples=1000)
     # another job (a new budget) later: the file remembers the 5 spent, the total cap holds
     second = PrivacyGuard(policy, PrivacyLedger(path), "hospital-a", "job-2")
     assert second.ledger.spent() == 5.0
-    second.check("dp_sgd", 3.0)
+    second.check("dp_sgd", 3.0, delta=1e-5, num_samples=1000)
     with pytest.raises(PolicyRefusal, match="total epsilon to 8.5.*max_epsilon_total=8"):
-        second.check("dp_sgd", 3.5)
+        second.check("dp_sgd", 3.5, delta=1e-5, num_samples=1000)
     path.write_text("garbage")
     with pytest.raises(ValueError, match="unreadable"):
         PrivacyLedger(path)

@@ -882,6 +882,6 @@ def test_the_guard_refuses_exactly_what_would_pass_a_cap(ops, probe, per_job, to
     )
     if over:
         with pytest.raises(PolicyRefusal, match="site-1"):
-            guard.check(mechanism, epsilon)
+            guard.check(mechanism, epsilon, delta=1e-5, num_samples=1000)
     else:
-        guard.check(mechanism, epsilon)
+        guard.check(mechanism, epsilon, delta=1e-5, num_samples=1000)

@@ -40,6 +40,7 @@ from nvflare.fuel.utils.memory_utils import cleanup_memory
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.checks import check_server_values
 from fedweigh.flare.keys import load_role_context
+from fedweigh.flare.persistor import check_server_path
 from fedweigh.flare.statistics import run_statistics_phase
 from fedweigh.io import atomic_write_npz, atomic_write_text
 from fedweigh.protocol import (
@@ -221,6 +222,8 @@ class FedweighController(ModelController):
         self.train_timeout = train_timeout
         self.evaluate_final = evaluate_final
         self.seed = seed
+        if resume_from is not None:  # only a folder the server's operator lets jobs read
+            check_server_path(resume_from, "resume_from")
         self.resume_from = resume_from
         self.max_num_samples = max_num_samples
         self.he = bool(he)

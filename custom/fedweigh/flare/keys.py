@@ -5,7 +5,8 @@ Where the contexts come from (:func:`fedweigh.secure.contexts.locate_context`):
 in (the server's or site's kit, written by NVFlare's HEBuilder, e.g. ``nvflare poc prepare --he``);
 else, in ``nvflare simulator`` workspaces only, a simulation key pair created under the simulator
 workspace root. Kit files are checked against the kit's ``signature.json`` with NVFlare's own
-verifier (``SecurityContentManager``), as NVFlare's HE components do in secure mode.
+verifier (``SecurityContentManager``) against the kit's own root certificate, as NVFlare's HE
+components do in secure mode.
 
 :func:`role_context_provider` is what :class:`fedweigh.secure.exchange.SecureExchange` takes.
 """
@@ -23,7 +24,14 @@ from nvflare.fuel.sec.security_content_service import LoadResult, SecurityConten
 from fedweigh.secure.contexts import ContextLocation, context_from_bytes, locate_context
 from fedweigh.secure.exchange import ContextProvider
 
-__all__ = ["SIGNATURE_FILE", "load_role_context", "read_verified_context", "role_context_provider"]
+__all__ = [
+    "ROOT_CERT_FILE",
+    "SIGNATURE_FILE",
+    "kit_root_certificate",
+    "load_role_context",
+    "read_verified_context",
+    "role_context_provider",
+]
 
 if TYPE_CHECKING:  # TenSEAL is loaded by the first context read (fedweigh.secure.contexts), not on import
     import tenseal as ts
@@ -31,31 +39,51 @@ if TYPE_CHECKING:  # TenSEAL is loaded by the first context read (fedweigh.secur
 logger = logging.getLogger("fedweigh.flare.keys")
 
 SIGNATURE_FILE = "signature.json"
+#: The root CA certificate in a provisioned kit's startup/ folder.
+ROOT_CERT_FILE = "rootCA.pem"
 
 _cache_lock = threading.Lock()
 _context_cache: dict[tuple[str, str], ts.Context] = {}
 
 
-def read_verified_context(location: ContextLocation) -> bytes:
-    """The bytes of a context file, signature-checked when it comes from a provisioned kit.
+def kit_root_certificate(location: ContextLocation) -> Path | None:
+    """The root CA certificate of the kit this process runs in (``<site root>/startup/rootCA.pem``),
+    the only certificate a context's signature is checked against; None outside a provisioned kit."""
+    if not location.provisioned or location.startup_dir is None:
+        return None
+    cert = Path(location.startup_dir) / ROOT_CERT_FILE
+    return cert if cert.is_file() else None
 
-    Uses NVFlare's ``SecurityContentManager`` (the verifier behind ``load_tenseal_context_from_workspace``):
-    in a provisioned kit the file must carry a valid root-CA signature in ``startup/signature.json``;
-    files named by ``FEDWEIGH_HE_CONTEXT_DIR`` are checked when their folder holds a signature.json.
+
+def read_verified_context(location: ContextLocation) -> bytes:
+    """The bytes of a context file, signature-checked whenever this process runs in a provisioned kit.
+
+    Uses NVFlare's ``SecurityContentManager`` (the verifier behind ``load_tenseal_context_from_workspace``)
+    with the trust anchor fixed to the kit's own root certificate (:func:`kit_root_certificate`): the
+    context's folder must hold a ``signature.json`` that this root CA signed, wherever the file comes from
+    (the kit's ``startup/`` or ``FEDWEIGH_HE_CONTEXT_DIR``). A ``rootCA.pem`` lying next to the context
+    is not trusted: whoever can write the context can write that too. Outside a provisioned kit
+    (simulation, tests) there is no root CA to check against and the file is read as it is.
     """
     folder = location.path.parent
-    must_be_signed = location.source == "kit" and location.provisioned
-    signed_folder = (folder / SIGNATURE_FILE).is_file() and (folder / "rootCA.pem").is_file()
-    if not (must_be_signed or signed_folder):
+    if not location.provisioned:
         return location.path.read_bytes()
-    data, result = SecurityContentManager(str(folder)).load_content(location.path.name)
+    cert = kit_root_certificate(location)
+    if cert is None:
+        raise PermissionError(
+            f"{location.path}: this process runs in a provisioned kit but its startup folder "
+            f"{location.startup_dir} holds no {ROOT_CERT_FILE} to check the context's signature against. "
+            "Refusing to use it."
+        )
+    data, result = SecurityContentManager(str(folder), root_cert=str(cert.resolve())).load_content(
+        location.path.name
+    )
     if result == LoadResult.OK:
         return data
-    if result == LoadResult.NOT_SIGNED and not must_be_signed:
-        return location.path.read_bytes()
     raise PermissionError(
-        f"{location.path}: signature check failed ({result.value}); HE context files in a provisioned kit must be "
-        f"signed by the project's root CA (HEBuilder before SignatureBuilder in project.yml). Refusing to use it."
+        f"{location.path}: signature check against the kit's root CA {cert} failed ({result.value}); HE "
+        "context files must be signed by the project's root CA (HEBuilder before SignatureBuilder in "
+        "project.yml). Refusing to use it."
     )
 
 

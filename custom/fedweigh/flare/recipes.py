@@ -32,6 +32,7 @@ from fedweigh.checks import check_client_args, check_recipe_values
 from fedweigh.data.pools import dataset_classes
 from fedweigh.errors import ConfigError
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
+from fedweigh.flare.persistor import FedweighModelPersistor
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
 from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
@@ -429,7 +430,9 @@ class FedweighRecipe(Recipe):
         ckpt = prepare_initial_ckpt(initial_ckpt, job)
         model = self.model_spec
         job_model = model.as_job_model() if isinstance(model, ModelSpec) else model
-        persistor = job.to_server(PTModel(model=job_model, initial_ckpt=ckpt), id="persistor")
+        # fedweigh's persistor: weights only, no path outside the job (fedweigh.flare.persistor)
+        safe = FedweighModelPersistor(model=job_model, source_ckpt_file_full_name=ckpt)
+        persistor = job.to_server(PTModel(model=job_model, persistor=safe), id="persistor")
         persistor_id = (
             persistor.get("persistor_id", "persistor") if isinstance(persistor, dict) else "persistor"
         )

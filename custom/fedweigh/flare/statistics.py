@@ -54,6 +54,7 @@ from fedweigh.protocol import (
     META_SITE_ERROR,
     TASK_STATS,
 )
+from fedweigh.secure.dp_config import job_site_path
 from fedweigh.secure.exchange import SecureExchange
 from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.server.label_stats import sum_statistics
@@ -63,6 +64,7 @@ __all__ = [
     "GLOBAL_STATS_FILE",
     "announced_size",
     "answer_statistics_task",
+    "global_stats_path",
     "keep_global_stats",
     "load_cached_global_stats",
     "log_distribution",
@@ -249,17 +251,23 @@ def answer_statistics_task(
     return FLModel(metrics={"stats_received": 1.0}, meta={"ok": True})
 
 
+def global_stats_path(budget_id: str) -> Path:
+    """This budget's global-statistics file in the working folder; the id the server announces is
+    reduced to ``[A-Za-z0-9_.-]`` (no folder can be named through it)."""
+    return job_site_path(GLOBAL_STATS_FILE, budget_id, "")
+
+
 def keep_global_stats(stats: GlobalStats, job_id: str) -> Path:
     """Write ``stats`` in their JSON form (:meth:`GlobalStats.as_dict`) to this job's file in the
     working folder; returns its path."""
-    return atomic_write_json(GLOBAL_STATS_FILE.format(job_id=job_id), stats.as_dict())
+    return atomic_write_json(global_stats_path(job_id), stats.as_dict())
 
 
 def load_cached_global_stats(job_id: str) -> GlobalStats | None:
     """Global statistics kept by an earlier process of this client in the same job (relaunches);
     None when there are none. ValueError naming the file when it is not valid JSON or not global
     statistics (:meth:`GlobalStats.from_dict`)."""
-    path = Path(GLOBAL_STATS_FILE.format(job_id=job_id))
+    path = global_stats_path(job_id)
     if not path.is_file():
         return None
     try:

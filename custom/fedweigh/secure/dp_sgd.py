@@ -136,8 +136,8 @@ class DPSGD:
             fresh seeds from the OS each round: the job's seed is known to the server, and noise it
             could regenerate would protect nothing.
         guard: the site policy's epsilon caps (:class:`fedweigh.site.policy.PrivacyGuard`): asked before
-            each round with the epsilon the round would reach (it raises to refuse the round), told
-            after it what was reached. None: no caps beyond the job's target.
+            each round with the epsilon the round would reach, its delta and N_k (it raises to refuse
+            the round), told after it what was reached. None: no caps beyond the job's target.
     """
 
     def __init__(
@@ -275,8 +275,6 @@ class DPSGD:
         steps = planned if cfg.max_steps is None else min(planned, cfg.max_steps)
         sigma = self._noise_multiplier(sample_rate, steps, total_rounds)
         after = self._epsilon_of(extend_history(self.accountant.history, sigma, sample_rate, steps))
-        if self.guard is not None:
-            self.guard.check("dp_sgd", after)  # the site policy's caps, before anything is trained
         if self.config.epsilon is not None:
             if after > self.config.epsilon * (1 + 1e-9):
                 raise PrivacyBudgetExhausted(
@@ -284,6 +282,8 @@ class DPSGD:
                     f"{self.epsilon():.4f}; {steps} more would reach {after:.4f} > target {self.config.epsilon} "
                     f"(planned for {total_rounds} rounds)"
                 )
+        if self.guard is not None:  # the policy's delta bound and caps (reserved), before any step
+            self.guard.check("dp_sgd", after, delta=self.config.delta, num_samples=len(data))
         return _RoundPlan(base_loader, loader, sample_rate, sigma)
 
     def _make_private(
@@ -401,7 +401,7 @@ class DPSGD:
         self.rounds.append({"steps": result.num_steps, "epsilon": report.epsilon, "mode": mode})
         self._save()
         if self.guard is not None:
-            self.guard.record("dp_sgd", report.epsilon)
+            self.guard.record("dp_sgd", report.epsilon, self.config.delta)
         return result, report
 
     @staticmethod

@@ -116,7 +116,8 @@ class HistogramReleaser:
             )
         if release is None:
             if self.guard is not None:
-                self.guard.check("statistics", config.epsilon)  # the site policy's caps, before the draw
+                # the site policy's delta bound and caps (reserved), before the draw
+                self.guard.check("statistics", config.epsilon, delta=config.delta, num_samples=num_samples)
             release = privatize_histogram(counts, num_samples, task, config, rng)
             if path is not None:
                 atomic_write_json(path, release.as_dict(), indent=1)
@@ -130,5 +131,5 @@ class HistogramReleaser:
             )
         self.drawn = release
         if self.guard is not None:
-            self.guard.record("statistics", release.epsilon)
+            self.guard.record("statistics", release.epsilon, release.delta)
         return ReleasedHistogram(release.class_counts, release.num_samples, release.epsilon, release.delta)

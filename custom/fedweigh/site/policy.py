@@ -11,6 +11,8 @@ optional; a missing one takes the default of the column that applies::
       "require_statistics_dp": false,        # refuse jobs without DP noise on the label statistics
       "max_epsilon_per_job": 10.0,           # DP-SGD + statistics epsilon within one budget (null: no cap)
       "max_epsilon_total": 100.0,            # over every budget this site ever spent (null: no cap)
+      "max_delta": 1e-5,                     # largest delta of any one DP release (and always < 1/N_k)
+      "read_dirs": [],                       # folders a job may read `pretrained` from, besides its own
       "min_secure_sum": 3,                   # fewest contributions to any secure sum it decrypts
       "report_scalars": ["similarity", "skew", "imbalance", "discrepancy"]
     }
@@ -24,21 +26,33 @@ require_dp                 false                      false
 require_statistics_dp      false                      false
 max_epsilon_per_job        10.0                       none
 max_epsilon_total          100.0                      none
+max_delta                  1e-5                       1e-5
+read_dirs                  ``[]`` (the job's own)     any folder
 min_secure_sum             3                          2
 report_scalars             all four                   all four
 =========================  =========================  ============================================
+
+A policy file writable by every user of the machine is refused (anyone could loosen it).
 
 A site whose startup kit is provisioned (it holds ``fed_client.json`` or ``rootCA.pem``) and that
 has no policy file gets the left column; anything else (``nvflare simulator``, the benchmark) the
 permissive right one, through the same code. A job asking for less than the policy is refused by
 the site: it answers every task with the reason (``fedweigh_refused``) instead of any data, the site
 and the server log it, and the server leaves the site out (and stops the job when too few sites
-remain).
+remain). fedweigh's client script applies the policy itself; the hospital's ``local/privacy.json``
+applies it outside the job's code too, for jobs that bring their own (:mod:`fedweigh.flare.policy_filter`).
 
 Epsilon is spent per *budget*: the id the server announces with every task (the first job's id,
 kept across ``resume_from``), so a resumed run continues its account instead of starting again at
 zero. The site keeps what each budget spent in its own ledger file (:class:`PrivacyLedger`), which
-no job can reset: ``max_epsilon_total`` caps the sum over every budget the site ever spent.
+no job can reset: ``max_epsilon_total`` caps the sum over every budget the site ever spent. The
+ledger (:mod:`fedweigh.site.ledger`) checks and records under a lock shared by every process of the
+site, so jobs running at once cannot together spend more than the cap.
+
+Delta is bounded per release: a job's ``dp_delta`` and ``stats_dp_delta`` must be at most
+``max_delta`` and below 1/N_k (N_k: the site's training images), the usual requirement that delta
+be far smaller than the chance of singling out one record (Dwork & Roth 2014, sec. 2.3). A larger
+delta buys less noise for the same epsilon: sigma grows with sqrt(2 ln(1.25/delta)).
 """
 
 from __future__ import annotations
@@ -46,19 +60,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from fedweigh.errors import PolicyRefusal
-from fedweigh.io import atomic_write_json
 from fedweigh.protocol import ABSOLUTE_MIN, SITE_POLICY_ENV, SITE_POLICY_FILE
 from fedweigh.secure.contexts import STARTUP_FOLDER, find_site_root, is_provisioned
+from fedweigh.site.ledger import MECHANISMS, PrivacyLedger
 from fedweigh.weighting.base import KNOWN_SCALARS
 
 __all__ = [
+    "DEFAULT_MAX_DELTA",
     "LEDGER_FILE",
     "MECHANISMS",
     "PERMISSIVE_DEFAULT",
@@ -77,8 +92,8 @@ __all__ = [
 STATISTICS_MODES: tuple[str, ...] = ("plain", "secure")
 #: The site's ledger of epsilon spent (in the site's workspace root, next to its DP-SGD accounts).
 LEDGER_FILE = "fedweigh_privacy_ledger_{site}.json"
-#: What a ledger entry records: DP-SGD on the model updates, and the label-statistics release.
-MECHANISMS: tuple[str, ...] = ("dp_sgd", "statistics")
+#: The largest delta of one DP release a policy allows unless it says otherwise.
+DEFAULT_MAX_DELTA = 1e-5
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,9 @@ class SitePolicy:
     require_statistics_dp: bool = False
     max_epsilon_per_job: float | None = 10.0
     max_epsilon_total: float | None = 100.0
+    max_delta: float = DEFAULT_MAX_DELTA
+    #: folders a job may read a ``pretrained`` checkpoint from, besides its own (None: any folder)
+    read_dirs: tuple[str, ...] | None = ()
     min_secure_sum: int = 3
     report_scalars: tuple[str, ...] = KNOWN_SCALARS
     source: str = "built-in default"
@@ -121,6 +139,12 @@ class SitePolicy:
             raise FileNotFoundError(f"site policy {path} does not exist") from e
         except json.JSONDecodeError as e:
             raise ValueError(f"site policy {path} is not valid JSON: {e}") from e
+        mode = path.stat().st_mode
+        if mode & stat.S_IWOTH:
+            raise PermissionError(
+                f"site policy {path} is writable by every user of this machine (mode {stat.filemode(mode)}): "
+                f"anyone could loosen it. Make it writable by its owner only: chmod o-w {path}"
+            )
         return cls.from_dict(raw, str(path), base)
 
     def as_dict(self) -> dict:
@@ -132,6 +156,8 @@ class SitePolicy:
             "require_statistics_dp": self.require_statistics_dp,
             "max_epsilon_per_job": self.max_epsilon_per_job,
             "max_epsilon_total": self.max_epsilon_total,
+            "max_delta": self.max_delta,
+            "read_dirs": None if self.read_dirs is None else list(self.read_dirs),
             "min_secure_sum": self.min_secure_sum,
             "report_scalars": list(self.report_scalars),
         }
@@ -153,6 +179,21 @@ class SitePolicy:
             return self._refuse(
                 "the job releases the label statistics without DP noise, and this site requires it"
             )
+        for name, active in (
+            ("dp_delta", dp_epsilon is not None or dp_sigma is not None),
+            ("stats_dp_delta", stats_epsilon is not None),
+        ):
+            delta = getattr(args, name, None)
+            if active and (delta is None or not delta <= self.max_delta):
+                return self._refuse(
+                    f"the job asks for {name}={delta}, above this site's max_delta={self.max_delta:g}"
+                )
+        pretrained = getattr(args, "pretrained", None)
+        if pretrained is not None and not self.may_read(pretrained):
+            return self._refuse(
+                f"the job reads the checkpoint pretrained={pretrained!r} from outside its own folder and this "
+                f"site's read_dirs={list(self.read_dirs or [])}"
+            )
         planned = float(dp_epsilon or 0.0) + float(stats_epsilon or 0.0)
         if self.max_epsilon_per_job is not None and planned > self.max_epsilon_per_job:
             return self._refuse(
@@ -160,6 +201,15 @@ class SitePolicy:
                 f"more than this site's max_epsilon_per_job={self.max_epsilon_per_job:g}"
             )
         return None
+
+    def may_read(self, path: str | Path, workspace: str | Path | None = None) -> bool:
+        """Whether a job may read ``path`` (links followed): inside ``workspace`` (default: the working
+        folder, the job's own) or a folder of ``read_dirs``; any path when ``read_dirs`` is None."""
+        if self.read_dirs is None:
+            return True
+        resolved = Path(os.path.expanduser(os.path.expandvars(str(path)))).resolve()
+        folders = [Path(workspace if workspace is not None else Path.cwd()), *map(Path, self.read_dirs)]
+        return any(resolved == f.resolve() or f.resolve() in resolved.parents for f in folders)
 
     def statistics_refusal(self, mode: object) -> str | None:
         """Why the site refuses a statistics exchange in ``mode``, or None."""
@@ -201,6 +251,16 @@ def _check_field(origin: str, name: str, value: object) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
             raise ValueError(f"{where} must be a number >= 0 or null (no cap), got {value!r}")
         return float(value)
+    if name == "read_dirs":
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(d, str) and os.path.isabs(d) for d in value):
+            raise ValueError(f"{where} must be a list of absolute folder paths or null (any), got {value!r}")
+        return tuple(value)
+    if name == "max_delta":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < 1):
+            raise ValueError(f"{where} must be a number in (0, 1), got {value!r}")
+        return float(value)
     if name == "min_secure_sum":
         if isinstance(value, bool) or not isinstance(value, int) or value < ABSOLUTE_MIN:
             raise ValueError(f"{where} must be an integer >= {ABSOLUTE_MIN}, got {value!r}")
@@ -221,6 +281,7 @@ PROVISIONED_DEFAULT = SitePolicy(source="default policy of a provisioned site (n
 #: Simulation and in-process runs without a policy file: every mode, no caps, sums of two or more.
 PERMISSIVE_DEFAULT = SitePolicy(
     statistics_modes=STATISTICS_MODES,
+    read_dirs=None,
     max_epsilon_per_job=None,
     max_epsilon_total=None,
     min_secure_sum=ABSOLUTE_MIN,
@@ -259,54 +320,7 @@ def load_site_policy(start: str | Path | None = None) -> SitePolicy:
     return PERMISSIVE_DEFAULT
 
 
-# ---------------------------------------------------------------------------------------- ledger
-class PrivacyLedger:
-    """The epsilon a site has spent, per budget id and mechanism, kept in a JSON file (or memory).
-
-    Entries are overwritten, not added: a budget's DP-SGD entry is its accountant's total so far
-    and its statistics entry its one release, so recording the same figure twice changes nothing.
-    """
-
-    def __init__(self, path: str | Path | None = None) -> None:
-        self.path = None if path is None else Path(path)
-        self._lock = threading.Lock()
-        self.entries: dict[str, dict[str, float]] = {}
-        if self.path is not None and self.path.is_file():
-            try:
-                raw = json.loads(self.path.read_text())
-                self.entries = {
-                    str(b): {str(m): float(e) for m, e in spent.items()}
-                    for b, spent in raw["budgets"].items()
-                }
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-                raise ValueError(
-                    f"privacy ledger {self.path} is unreadable ({e}); this site cannot tell what it has "
-                    "spent. Restore the file or move it aside deliberately."
-                ) from None
-
-    def spent(self, budget_id: str | None = None) -> float:
-        """Epsilon of one budget (all mechanisms), or of every budget when ``budget_id`` is None."""
-        budgets = self.entries.values() if budget_id is None else [self.entries.get(budget_id, {})]
-        return float(sum(sum(b.values()) for b in budgets))
-
-    def projected(self, budget_id: str, mechanism: str, epsilon: float) -> tuple[float, float]:
-        """(this budget's, all budgets') epsilon if ``mechanism`` of ``budget_id`` stood at ``epsilon``."""
-        entry = {**self.entries.get(budget_id, {}), mechanism: float(epsilon)}
-        job = float(sum(entry.values()))
-        return job, self.spent() - self.spent(budget_id) + job
-
-    def record(self, budget_id: str, mechanism: str, epsilon: float) -> None:
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
-        with self._lock:
-            entry = self.entries.setdefault(str(budget_id), {})
-            if entry.get(mechanism) == float(epsilon):
-                return
-            entry[mechanism] = float(epsilon)
-            if self.path is not None:
-                atomic_write_json(self.path, {"budgets": self.entries}, indent=1)
-
-
+# ---------------------------------------------------------------------------------------- guard
 class PrivacyGuard:
     """The site policy's epsilon caps, checked before a DP mechanism spends and recorded after.
 
@@ -321,25 +335,51 @@ class PrivacyGuard:
         self.site_name = site_name
         self.budget_id = str(budget_id)
 
-    def check(self, mechanism: str, epsilon: float) -> None:
-        """Raise :class:`PolicyRefusal` if ``mechanism`` reaching ``epsilon`` breaks a cap."""
-        job, total = self.ledger.projected(self.budget_id, mechanism, epsilon)
-        cap = self.policy.max_epsilon_per_job
-        if cap is not None and job > cap * (1 + 1e-9):
-            raise PolicyRefusal(
-                f"{self.site_name}: {mechanism} would take budget {self.budget_id!r} to epsilon {job:.4g}, "
-                f"above this site's max_epsilon_per_job={cap:g} (site policy: {self.policy.source})"
+    def delta_refusal(self, mechanism: str, delta: float | None, num_samples: int | None) -> str | None:
+        """Why ``mechanism`` may not release with ``delta`` on ``num_samples`` records, or None."""
+        if delta is None or not math.isfinite(delta) or not 0 < delta <= self.policy.max_delta:
+            return (
+                f"{self.site_name}: {mechanism} asks for delta={delta}; this site allows 0 < delta <= "
+                f"max_delta={self.policy.max_delta:g} (site policy: {self.policy.source})"
             )
-        cap = self.policy.max_epsilon_total
-        if cap is not None and total > cap * (1 + 1e-9):
-            raise PolicyRefusal(
-                f"{self.site_name}: {mechanism} would take the site's total epsilon to {total:.4g}, above its "
-                f"max_epsilon_total={cap:g} (spent so far: {self.ledger.spent():.4g}; site policy: "
-                f"{self.policy.source})"
+        if num_samples is not None and num_samples > 0 and not delta < 1.0 / num_samples:
+            return (
+                f"{self.site_name}: {mechanism} asks for delta={delta:g}, not below 1/N_k = 1/{num_samples} "
+                f"(a delta that large allows releasing one record outright; site policy: {self.policy.source})"
             )
+        return None
 
-    def record(self, mechanism: str, epsilon: float) -> None:
-        self.ledger.record(self.budget_id, mechanism, epsilon)
+    def check(self, mechanism: str, epsilon: float, *, delta: float | None, num_samples: int | None) -> None:
+        """Raise :class:`PolicyRefusal` if ``mechanism`` reaching ``epsilon`` with ``delta`` on
+        ``num_samples`` records breaks the policy; otherwise reserve ``epsilon`` in the ledger, in the
+        same locked transaction (so that no other job can spend it meanwhile)."""
+        reason = self.delta_refusal(mechanism, delta, num_samples)
+        if reason:
+            raise PolicyRefusal(reason)
+
+        def caps(job: float, total: float) -> None:
+            cap = self.policy.max_epsilon_per_job
+            if cap is not None and job > cap * (1 + 1e-9):
+                raise PolicyRefusal(
+                    f"{self.site_name}: {mechanism} would take budget {self.budget_id!r} to epsilon {job:.4g}, "
+                    f"above this site's max_epsilon_per_job={cap:g} (site policy: {self.policy.source})"
+                )
+            cap = self.policy.max_epsilon_total
+            if cap is not None and total > cap * (1 + 1e-9):
+                raise PolicyRefusal(
+                    f"{self.site_name}: {mechanism} would take the site's total epsilon to {total:.4g}, above "
+                    f"its max_epsilon_total={cap:g} (spent so far: {_total(self.ledger.entries):.4g}; site policy: {self.policy.source})"
+                )
+
+        self.ledger.reserve(self.budget_id, mechanism, epsilon, delta, check=caps)
+
+    def record(self, mechanism: str, epsilon: float, delta: float | None = None) -> None:
+        """What ``mechanism`` reached (overwrites the figure reserved by :meth:`check`)."""
+        self.ledger.record(self.budget_id, mechanism, epsilon, delta)
+
+
+def _total(entries: Mapping[str, Mapping[str, float]]) -> float:
+    return float(sum(sum(b.values()) for b in entries.values()))
 
 
 def ledger_path(site_name: str, folder: str | Path = ".") -> Path:

@@ -1,0 +1,90 @@
+"""A provisioning builder for hospitals: no role may submit code, and every site enforces its policy.
+
+``provisioning/project.yml`` lists :class:`HardenedSiteBuilder` after NVFlare's ``StaticFileBuilder``
+inputs are set (any position after ``WorkspaceBuilder``). It changes two things in the kits that
+``nvflare provision`` writes:
+
+- ``local/authorization.json.default`` of the server and of every site: NVFlare's default policy
+  with the ``byoc`` right set to ``none`` for every role, ``project_admin`` included (the default gives
+  it to ``project_admin`` and ``lead``). A job with a ``custom/`` folder (bring-your-own-code) is then
+  refused by the server and by every site; jobs without code (``fedweigh jobs export --site-installed``)
+  run only components the site allow-lists (``provisioning/resources.json``).
+- ``local/privacy.json`` of every site: the site-policy enforcement of
+  :mod:`fedweigh.flare.policy_filter` (a component judging every job and task, and a privacy scope's
+  task result filter), so the hospital's ``local/fedweigh_policy.json`` holds for every job, whatever
+  code it runs.
+
+A hospital that wants BYOC for some role edits its own ``local/authorization.json``
+(docs/deploy.md says what it then gives away).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nvflare.lighter.constants import CtxKey, PropKey
+from nvflare.lighter.ctx import ProvisionContext
+from nvflare.lighter.entity import Project
+from nvflare.lighter.spec import Builder
+
+from fedweigh.io import atomic_write_json
+
+__all__ = [
+    "AUTHZ_SECTION",
+    "DEFAULT_AUTHZ_SECTION",
+    "PRIVACY_CONFIG",
+    "HardenedSiteBuilder",
+    "hardened_authz",
+]
+
+#: The template section the builder adds (NVFlare's is ``default_authz``).
+AUTHZ_SECTION = "fedweigh_authz"
+DEFAULT_AUTHZ_SECTION = "default_authz"
+
+#: A site's ``local/privacy.json``: the policy enforcer for every job, and a default scope whose task
+#: result filter applies the policy where NVFlare applies scope filters (deployments, not the simulator).
+PRIVACY_CONFIG: dict = {
+    "scopes": [
+        {
+            "name": "fedweigh",
+            "task_result_filters": [
+                {"path": "fedweigh.flare.policy_filter.SitePolicyResultFilter", "args": {}}
+            ],
+        }
+    ],
+    "default_scope": "fedweigh",
+    "components": [
+        {"id": "fedweigh_policy", "path": "fedweigh.flare.policy_filter.SitePolicyEnforcer", "args": {}}
+    ],
+}
+
+
+def hardened_authz(default: dict) -> dict:
+    """NVFlare's authorization policy ``default`` with ``byoc`` set to ``none`` for every role."""
+    policy = json.loads(json.dumps(default))
+    permissions = policy["permissions"]
+    rights = sorted({right for value in permissions.values() if isinstance(value, dict) for right in value})
+    for role, value in permissions.items():
+        if value == "any":  # project_admin: every right, spelled out, but bring-your-own-code
+            value = {right: "any" for right in rights}
+        if isinstance(value, dict):
+            value["byoc"] = "none"
+        permissions[role] = value
+    return policy
+
+
+class HardenedSiteBuilder(Builder):
+    """No role gets BYOC; every site gets the policy enforcement in ``local/privacy.json`` (module docstring)."""
+
+    def initialize(self, project: Project, ctx: ProvisionContext) -> None:
+        default = ctx.json_load_template_section(DEFAULT_AUTHZ_SECTION)  # loaded by WorkspaceBuilder
+        ctx[CtxKey.TEMPLATE][AUTHZ_SECTION] = json.dumps(hardened_authz(default), indent=2)
+        for participant in [project.get_server(), *project.get_clients()]:
+            if participant is not None:
+                participant.set_prop(PropKey.AUTHZ_SECTION_KEY, AUTHZ_SECTION)
+
+    def build(self, project: Project, ctx: ProvisionContext) -> None:
+        for client in project.get_clients():
+            path = Path(ctx.get_local_dir(client)) / "privacy.json"
+            atomic_write_json(path, PRIVACY_CONFIG, indent=2, private=False)
