@@ -24,8 +24,7 @@ from fedweigh.io import (
 PACKAGE = Path(__file__).resolve().parents[1] / "custom" / "fedweigh"
 #: Modules that still write a file without fedweigh.io, with the write each holds (kept exact, so that
 #: an entry goes once its module writes through io).
-WRITES_ELSEWHERE = {
-}
+WRITES_ELSEWHERE = {}
 
 
 def _mode(path: Path) -> int:

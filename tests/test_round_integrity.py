@@ -393,7 +393,9 @@ def test_the_probe_runs_the_jobs_architecture_and_refuses_a_model_it_cannot_run(
         arch="densenet_compact", num_classes=14, in_channels=1, img_size=32, norm="batch", seed=0
     )
     probe = ModelProbe(net)
-    assert tuple(probe.batch.shape) == (4, 1, 32, 32) and "net.features.norm0.running_var" in probe.buffer_keys
+    assert (
+        tuple(probe.batch.shape) == (4, 1, 32, 32) and "net.features.norm0.running_var" in probe.buffer_keys
+    )
     params = get_params(net)
     assert model_problem(params, probe) is None
     bad = dict(params)
