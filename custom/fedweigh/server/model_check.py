@@ -79,8 +79,13 @@ class ModelProbe:
     def _outputs(self) -> Any:
         import torch
 
-        with torch.no_grad():
-            out = self._model(self.batch)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a few images: one thread is fastest, and never waits on busy cores
+        try:
+            with torch.no_grad():
+                out = self._model(self.batch)
+        finally:
+            torch.set_num_threads(threads)
         if isinstance(out, (tuple, list)):
             out = out[0]
         if not isinstance(out, torch.Tensor):
