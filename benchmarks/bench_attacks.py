@@ -748,11 +748,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=5, help="training rounds per run (default 5)")
     parser.add_argument(
-        "--markdown", default=None, help="print the table of a results JSON and exit (no run)"
+        "--markdown",
+        nargs="+",
+        default=None,
+        help="print the table of results JSON files and exit (no run; several files: their rows "
+        "together, an attack listed twice taken from the first file)",
     )
     ns = parser.parse_args(argv)
     if ns.markdown:
-        print(markdown_table(json.loads(Path(ns.markdown).read_text())))
+        records = [json.loads(Path(f).read_text()) for f in ns.markdown]
+        rows, seen = [], set()
+        for record in records:
+            for r in record["attacks"]:
+                key = (r["attack"], r["method"], len(r.get("attackers", [ATTACKER])))
+                if key not in seen:
+                    seen.add(key)
+                    rows.append(r)
+        print(markdown_table({**records[0], "attacks": rows}))
         return 0
     torch.set_num_threads(1)
     os.environ.setdefault("FEDWEIGH_CACHE", str(Path(tempfile.gettempdir()) / "fedweigh-bench-cache"))
