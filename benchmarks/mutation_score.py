@@ -1,0 +1,429 @@
+"""Mutation score of the core modules: run mutmut against the fast tests and write the report.
+
+    make mutation                                             # every module of [tool.mutmut] only_mutate
+    make mutation MODULES=custom/fedweigh/schedules.py        # one module (a folder: each of its modules)
+    PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py report   # the report from the last runs
+
+``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module, at low priority, and then
+writes the report. mutmut (3.x) names a mutant after its file's path, and only a leading ``src/`` maps
+that path to the import name ``fedweigh.*``; so the run happens in ``build/mutation/``, where ``src``
+links to ``custom/``, ``tests`` to ``tests/`` and ``pyproject.toml`` to the project's (its
+``[tool.mutmut]`` section). mutmut copies them into ``build/mutation/mutants/`` and puts
+``mutants/src`` first on ``sys.path``: the tests import the mutated copy of the package, and mutmut's
+forced-failure check (every mutated function raises; some test must fail) stops the run if they do
+not. The rest of the project (docs, examples, jobs, ...) is linked into ``mutants/`` for the tests that
+read it. Each mutant runs the fast tests that call its function (mutmut's first pass records which),
+in one process, in the order they are written (``FEDWEIGH_TEST_ORDER=given``), with Hypothesis
+derandomised (``HYPOTHESIS_PROFILE=mutation``) so that every mutant meets the same examples.
+
+``report`` reads mutmut's results (``mutants/**/<module>.py.meta``) and writes
+``docs/results/mutations/score.json`` and ``score.md``: per module the counts, the score
+(caught / total, caught = killed or timed out), the time taken, the sha256 of the source file as it
+was mutated, and every mutant that was not caught with its diff and verdict. Verdicts are kept in
+``docs/results/mutations/verdicts.json`` (mutant name -> diff and verdict, edited by hand):
+``killed by tests/<file>.py::<test>`` for a survivor a later test kills, ``equivalent: <reason>`` for a
+change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
+A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
+are listed as ``not yet run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedweigh.io import atomic_write_json, atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGE = ROOT / "build" / "mutation"
+MUTANTS = STAGE / "mutants"
+RESULTS = ROOT / "docs" / "results" / "mutations"
+SCORE_JSON = RESULTS / "score.json"
+SCORE_MD = RESULTS / "score.md"
+VERDICTS = RESULTS / "verdicts.json"
+MUTMUT = ROOT / ".venv" / "bin" / "mutmut"
+# links inside build/mutation (mutmut copies them into mutants/) and inside mutants/ (read by tests)
+STAGE_LINKS = {"src": "custom", "tests": "tests", "pyproject.toml": "pyproject.toml"}
+MUTANTS_LINKS = ("custom", "docs", "examples", "jobs", "benchmarks", "provisioning", "README.md", "Makefile")
+# mutmut's exit codes (mutmut.stats.status_by_exit_code): caught = killed or timed out
+CAUGHT = ("killed", "timeout")
+
+
+def configured_patterns() -> list[str]:
+    """[tool.mutmut] only_mutate: the modules mutated, as paths in build/mutation (src/fedweigh/...)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # mutmut's own dependency on Python 3.10
+        import toml as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return list(config["only_mutate"])
+
+
+def configured_modules() -> list[str]:
+    """Every module of only_mutate, as a path from the project root (custom/fedweigh/...), sorted."""
+    modules = set()
+    for pattern in configured_patterns():
+        for path in (ROOT / "custom").rglob("*.py"):
+            staged = "src/" + path.relative_to(ROOT / "custom").as_posix()
+            if fnmatch.fnmatch(staged, pattern):
+                modules.add(path.relative_to(ROOT).as_posix())
+    return sorted(modules)
+
+
+def import_name(module: str) -> str:
+    """custom/fedweigh/losses/focal.py -> fedweigh.losses.focal; a package's __init__.py -> the package."""
+    parts = Path(module).with_suffix("").parts[1:]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def file_sha256(module: str) -> str:
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        if link.is_symlink() and link.resolve() == target.resolve():
+            return
+        raise SystemExit(f"{link} exists and is not a link to {target}: remove {STAGE} and run again")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def stage() -> None:
+    """build/mutation with its links (see the module docstring)."""
+    for name, target in STAGE_LINKS.items():
+        _link(STAGE / name, ROOT / target)
+    for name in MUTANTS_LINKS:
+        if (ROOT / name).exists():
+            _link(MUTANTS / name, ROOT / name)
+
+
+def expand(requested: list[str]) -> list[str]:
+    """Requested paths (modules or folders, from the project root) -> configured modules, in that order."""
+    configured = configured_modules()
+    if not requested:
+        return configured
+    modules: list[str] = []
+    for item in requested:
+        item = item.rstrip("/")
+        found = [m for m in configured if m == item or m.startswith(item + "/")]
+        if not found:
+            raise SystemExit(
+                f"MODULES: {item} is not a module of [tool.mutmut] only_mutate in pyproject.toml "
+                f"(those are: {' '.join(configured)})"
+            )
+        modules += [m for m in found if m not in modules]
+    return modules
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HYPOTHESIS_PROFILE="mutation",
+        FEDWEIGH_TEST_ORDER="given",
+        FEDWEIGH_CACHE=str(ROOT / ".cache" / "test-data"),
+        OMP_NUM_THREADS="1",
+        # subprocesses a test starts (the CLI) import this tree's package, unmutated
+        PYTHONPATH=str(ROOT / "custom"),
+    )
+    return env
+
+
+def meta_path(module: str) -> Path:
+    return MUTANTS / "src" / (Path(module).relative_to("custom").as_posix() + ".meta")
+
+
+def run(modules: list[str], nice: int) -> dict[str, float]:
+    """mutmut run for each module; returns the wall time per module run."""
+    stage()
+    seconds: dict[str, float] = {}
+    for module in modules:
+        if meta_path(module).exists() and not json.loads(meta_path(module).read_text())["exit_code_by_key"]:
+            print(f"{module}: no mutants")
+            seconds[module] = 0.0
+            continue
+        command = [
+            "nice",
+            "-n",
+            str(nice),
+            str(MUTMUT),
+            "run",
+            "--max-children",
+            "1",
+            import_name(module) + ".x*",
+        ]
+        print(f"{module}: {' '.join(command[3:])}", flush=True)
+        log = STAGE / "logs" / (import_name(module) + ".log")
+        log.parent.mkdir(exist_ok=True)
+        start = time.monotonic()
+        with open(log, "w") as out:  # mutmut's own output, followed while it runs
+            done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
+        seconds[module] = round(time.monotonic() - start, 1)
+        tail = log.read_text(errors="replace")[-3000:]
+        if done.returncode != 0 and "nothing matches" in tail:
+            print(f"{module}: no mutants")
+            continue
+        if done.returncode != 0:
+            raise SystemExit(f"mutmut failed on {module} (exit {done.returncode}):\n{tail}")
+        print(f"{module}: {seconds[module]:.0f} s", flush=True)
+    return seconds
+
+
+def _status(code: int | None) -> str:
+    from mutmut.stats import status_by_exit_code
+
+    return status_by_exit_code[code]
+
+
+def _diff(mutant: str) -> str:
+    done = subprocess.run(
+        [str(MUTMUT), "show", mutant], cwd=STAGE, env=run_env(), capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.splitlines()
+    return "\n".join(line for line in lines[1:] if not line.startswith(("---", "+++")))
+
+
+def _counts(codes: dict[str, int | None]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for code in codes.values():
+        status = _status(code).replace(" ", "_")
+        counts[status] = counts.get(status, 0) + 1
+    counts["total"] = len(codes)
+    counts["caught"] = sum(counts.get(s, 0) for s in CAUGHT)
+    return counts
+
+
+def score(counts: dict[str, int]) -> float | None:
+    return round(100.0 * counts["caught"] / counts["total"], 1) if counts["total"] else None
+
+
+def _load(path: Path, default):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def module_result(module: str, seconds: float | None, previous: dict | None, verdicts: dict) -> dict:
+    """The report entry of one module from mutmut's meta file (see the module docstring)."""
+    meta = json.loads(meta_path(module).read_text())
+    codes: dict[str, int | None] = meta["exit_code_by_key"]
+    if any(code is None for code in codes.values()):
+        raise SystemExit(
+            f"{module}: mutmut has not checked every mutant; run `make mutation MODULES={module}`"
+        )
+    counts = _counts(codes)
+    survivors = []
+    for mutant in sorted(codes, key=lambda m: (m.rsplit("__mutmut_", 1)[0], int(m.rsplit("_", 1)[1]))):
+        status = _status(codes[mutant])
+        if status in CAUGHT:
+            continue
+        diff = _diff(mutant)
+        known = verdicts.get(mutant)
+        if known is None or known["diff"] != diff:  # a new survivor, or the name now means another change
+            verdicts[mutant] = known = {"module": module, "diff": diff, "verdict": "open"}
+        survivors.append({"mutant": mutant, "status": status, "diff": diff, "verdict": known["verdict"]})
+    after = {
+        "sha256": file_sha256(module),
+        "run_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seconds": seconds if seconds is not None else (previous or {}).get("after", {}).get("seconds"),
+        "mutant_seconds": round(sum(meta["durations_by_key"].values()), 1),
+        "counts": counts,
+        "score": score(counts),
+        "survivors": [s["mutant"] for s in survivors],
+    }
+    before = previous["before"] if previous and previous.get("status") == "run" else after
+    if seconds is None and previous and previous.get("status") == "run":
+        after["run_at"] = previous["after"]["run_at"]  # the report rebuilt, not rerun
+    # survivors of the first run that a later run caught: their verdict names the test that kills them
+    caught_since = [
+        {"mutant": m, "diff": verdicts[m]["diff"], "verdict": verdicts[m]["verdict"]}
+        for m in before["survivors"]
+        if m in codes and _status(codes[m]) in CAUGHT and m in verdicts
+    ]
+    return {
+        "status": "run",
+        "before": before,
+        "after": after,
+        "survivors": survivors,
+        "caught_since_before": caught_since,
+    }
+
+
+def report(seconds: dict[str, float] | None = None) -> dict:
+    """Rewrite score.json and score.md from mutmut's meta files (modules run now or before)."""
+    import mutmut
+
+    seconds = seconds or {}
+    previous = _load(SCORE_JSON, {}).get("modules", {})
+    verdicts = _load(VERDICTS, {})
+    modules = {}
+    for module in configured_modules():
+        ran = module in seconds or previous.get(module, {}).get("status") == "run"
+        if (
+            ran
+            and meta_path(module).exists()
+            and json.loads(meta_path(module).read_text())["exit_code_by_key"]
+        ):
+            modules[module] = module_result(module, seconds.get(module), previous.get(module), verdicts)
+        elif ran:
+            modules[module] = {"status": "no mutants", "sha256": file_sha256(module)}
+        else:
+            modules[module] = {"status": "not yet run"}
+    payload = {
+        "command": "make mutation MODULES=<module>",
+        "tool": f"mutmut {mutmut.__version__}",
+        "tests": "pytest tests -m 'not slow' (the tests mutmut found calling the mutated function)",
+        "score": "caught / total, caught = killed or timed out; every other mutant is listed with a verdict",
+        "modules": modules,
+    }
+    atomic_write_json(SCORE_JSON, payload, private=False, indent=1, sort_keys=False)
+    atomic_write_json(VERDICTS, dict(sorted(verdicts.items())), private=False, indent=1)
+    atomic_write_text(SCORE_MD, markdown(payload), private=False)
+    return payload
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def table(payload: dict) -> str:
+    """The scores table (docs/testing.md shows this table verbatim)."""
+    rows = [
+        "| module | mutants | caught before | score before | caught after | score after | not caught | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for module, entry in payload["modules"].items():
+        name = module.removeprefix("custom/fedweigh/")
+        if entry["status"] != "run":
+            rows.append(f"| `{name}` | {entry['status']} | | | | | | |")
+            continue
+        before, after = entry["before"], entry["after"]
+        rows.append(
+            f"| `{name}` | {after['counts']['total']} | {before['counts']['caught']} | {_pct(before['score'])} "
+            f"| {after['counts']['caught']} | {_pct(after['score'])} | {len(entry['survivors'])} "
+            f"| {after['seconds'] if after['seconds'] is not None else '-'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def markdown(payload: dict) -> str:
+    lines = [
+        "# Mutation score of the core modules",
+        "",
+        f"Built by `benchmarks/mutation_score.py` ({payload['tool']}, `{payload['command']}`) from "
+        "`score.json` beside it. Tests: the fast suite. Score: " + payload["score"] + ". "
+        "`seconds`: wall time of the module's `mutmut run` on a shared 2-core machine, one worker, `nice 15`.",
+        "",
+        table(payload),
+    ]
+    for module, entry in payload["modules"].items():
+        if entry["status"] != "run" or not (entry["survivors"] or entry["caught_since_before"]):
+            continue
+        lines += [f"## `{module}`", "", f"sha256 `{entry['after']['sha256']}`", ""]
+        for group, title in (
+            ("caught_since_before", "caught since the first run"),
+            ("survivors", "not caught"),
+        ):
+            for s in entry[group]:
+                lines += [f"- `{s['mutant']}` ({title}): {s['verdict']}", "", "  ```diff"]
+                lines += ["  " + line for line in s["diff"].splitlines()] + ["  ```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def slow_check(module: str, tests: list[str], controls: int, nice: int) -> dict:
+    """Do the slow tests catch a mutant of ``module`` that the fast tests let through?
+
+    Every mutant the fast run did not catch is run against ``tests`` (slow ones, e.g. the simulator
+    runs that use the module), with the mutated package first on the path of every process the tests
+    start (``PYTHONPATH``; mutmut selects the mutant by ``MUTANT_UNDER_TEST``, which they inherit).
+    Controls: the tests pass with no mutant, and fail on ``controls`` mutants the fast tests caught
+    (so the mutated code does reach them). Written to docs/results/mutations/slow_check.json.
+    """
+    meta = json.loads(meta_path(module).read_text())["exit_code_by_key"]
+    missed = [m for m, code in meta.items() if _status(code) not in CAUGHT]
+    caught = [m for m, code in meta.items() if _status(code) in CAUGHT][
+        :: max(1, len(meta) // max(controls, 1))
+    ]
+    runs = [("", "control: no mutant")] + [
+        (m, "control: caught by the fast tests") for m in caught[:controls]
+    ]
+    runs += [(m, "not caught by the fast tests") for m in missed]
+    results = []
+    for mutant, role in runs:
+        env = run_env()
+        env.update(MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(MUTANTS / "src"))
+        command = [
+            "nice",
+            "-n",
+            str(nice),
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+        ]
+        start = time.monotonic()
+        done = subprocess.run(command + tests, cwd=MUTANTS, env=env, capture_output=True, text=True)
+        failed = sorted(set(re.findall(r"^FAILED (\S+)", done.stdout, re.M)))
+        results.append(
+            {
+                "mutant": mutant or None,
+                "role": role,
+                "returncode": done.returncode,
+                "failed": failed,
+                "seconds": round(time.monotonic() - start, 1),
+            }
+        )
+        print(f"{mutant or '(none)'} [{role}]: exit {done.returncode} {failed}", flush=True)
+    payload = {
+        "module": module,
+        "sha256": file_sha256(module),
+        "tests": tests,
+        "runs": results,
+    }
+    atomic_write_json(RESULTS / "slow_check.json", payload, private=False, indent=1)
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("action", choices=("run", "report", "slow-check"))
+    parser.add_argument("modules", nargs="*", help="modules or folders from the project root (default: all)")
+    parser.add_argument("--nice", type=int, default=15, help="niceness of the mutmut runs (default 15)")
+    parser.add_argument(
+        "--tests", nargs="+", default=[], help="slow-check: the slow tests to run on each mutant"
+    )
+    parser.add_argument("--controls", type=int, default=1, help="slow-check: caught mutants run as controls")
+    args = parser.parse_args(argv)
+    if args.action == "run":
+        modules = expand(args.modules)
+        seconds: dict[str, float] = {}
+        try:
+            for module in modules:
+                seconds.update(run([module], args.nice))
+        finally:
+            if seconds:
+                report(seconds)
+    elif args.action == "slow-check":
+        if len(args.modules) != 1 or not args.tests:
+            parser.error("slow-check takes one module and --tests")
+        stage()
+        slow_check(expand(args.modules)[0], args.tests, args.controls, args.nice)
+        return 0
+    else:
+        report()
+    print(table(json.loads(SCORE_JSON.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
