@@ -130,6 +130,7 @@ def run_env() -> dict[str, str]:
     env.update(
         HYPOTHESIS_PROFILE="mutation",
         FEDWEIGH_TEST_ORDER="given",
+        FEDWEIGH_MUTATION_RUN="1",  # tests/conftest.py leaves out the test of this report
         FEDWEIGH_CACHE=str(ROOT / ".cache" / "test-data"),
         OMP_NUM_THREADS="1",
         # subprocesses a test starts (the CLI) import this tree's package, unmutated
@@ -286,7 +287,24 @@ def report(seconds: dict[str, float] | None = None) -> dict:
     atomic_write_json(SCORE_JSON, payload, private=False, indent=1, sort_keys=False)
     atomic_write_json(VERDICTS, dict(sorted(verdicts.items())), private=False, indent=1)
     atomic_write_text(SCORE_MD, markdown(payload), private=False)
+    _update_testing_page(payload)
     return payload
+
+
+TESTING_MD = ROOT / "docs" / "testing.md"
+TABLE_START = "<!-- mutation-score-table: benchmarks/mutation_score.py table(score.json) -->\n"
+TABLE_END = "<!-- /mutation-score-table -->"
+
+
+def _update_testing_page(payload: dict) -> None:
+    """docs/testing.md's scores table, between its two markers, is the table of score.json."""
+    text = TESTING_MD.read_text()
+    head, found, rest = text.partition(TABLE_START)
+    if not found or TABLE_END not in rest:
+        return
+    atomic_write_text(
+        TESTING_MD, head + TABLE_START + table(payload) + rest[rest.index(TABLE_END) :], private=False
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -337,23 +355,22 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def slow_check(module: str, tests: list[str], controls: int, nice: int) -> dict:
+def slow_check(module: str, tests: list[str], controls: list[str], nice: int) -> dict:
     """Do the slow tests catch a mutant of ``module`` that the fast tests let through?
 
     Every mutant the fast run did not catch is run against ``tests`` (slow ones, e.g. the simulator
     runs that use the module), with the mutated package first on the path of every process the tests
     start (``PYTHONPATH``; mutmut selects the mutant by ``MUTANT_UNDER_TEST``, which they inherit).
-    Controls: the tests pass with no mutant, and fail on ``controls`` mutants the fast tests caught
-    (so the mutated code does reach them). Written to docs/results/mutations/slow_check.json.
+    Controls: the tests pass with no mutant, and fail on the ``controls``, mutants the fast tests
+    caught that change what the slow tests see (so the mutated code does reach them).
+    Written to docs/results/mutations/slow_check.json.
     """
     meta = json.loads(meta_path(module).read_text())["exit_code_by_key"]
     missed = [m for m, code in meta.items() if _status(code) not in CAUGHT]
-    caught = [m for m, code in meta.items() if _status(code) in CAUGHT][
-        :: max(1, len(meta) // max(controls, 1))
-    ]
-    runs = [("", "control: no mutant")] + [
-        (m, "control: caught by the fast tests") for m in caught[:controls]
-    ]
+    for control in controls:
+        if control not in meta or _status(meta[control]) not in CAUGHT:
+            raise SystemExit(f"--controls: {control} is not a mutant of {module} that the fast tests caught")
+    runs = [("", "control: no mutant")] + [(m, "control: caught by the fast tests") for m in controls]
     runs += [(m, "not caught by the fast tests") for m in missed]
     results = []
     for mutant, role in runs:
@@ -402,17 +419,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tests", nargs="+", default=[], help="slow-check: the slow tests to run on each mutant"
     )
-    parser.add_argument("--controls", type=int, default=1, help="slow-check: caught mutants run as controls")
+    parser.add_argument(
+        "--controls", nargs="*", default=[], help="slow-check: caught mutants run as controls"
+    )
     args = parser.parse_args(argv)
     if args.action == "run":
         modules = expand(args.modules)
         seconds: dict[str, float] = {}
-        try:
-            for module in modules:
-                seconds.update(run([module], args.nice))
-        finally:
-            if seconds:
-                report(seconds)
+        for module in modules:  # the report after each module, so that a stopped run keeps what it measured
+            seconds.update(run([module], args.nice))
+            report(seconds)
     elif args.action == "slow-check":
         if len(args.modules) != 1 or not args.tests:
             parser.error("slow-check takes one module and --tests")

@@ -41,6 +41,11 @@ def _order(item: pytest.Item) -> tuple:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("FEDWEIGH_MUTATION_RUN"):
+        left_out = [item for item in items if item.nodeid.startswith(MUTATION_RUN_LEFT_OUT)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if item not in left_out]
     if os.environ.get("FEDWEIGH_TEST_ORDER") == "given":  # a mutation run puts the fastest tests first
         return
     order = {id(item): (_order(item), position) for position, item in enumerate(items)}
@@ -100,6 +105,22 @@ def method_run(tmp_path_factory):
 
     return run
 
+
+# a mutation run (benchmarks/mutation_score.py) tests the package, not the mutation report, which changes
+# while the run writes it
+collect_ignore = ["test_mutation_score.py"] if os.environ.get("FEDWEIGH_MUTATION_RUN") else []
+# ... and leaves out the fast tests that take 15 s or more each (they start processes: parallel bench cells,
+# job exports, site workers, the simulator's import check): each mutant of a function they call would run
+# them, an hour a module on two shared cores. docs/testing.md ("Mutation testing") lists them.
+MUTATION_RUN_LEFT_OUT = (
+    "tests/test_bench_stats.py::test_cells_scored_in_parallel_give_the_same_numbers",
+    "tests/test_jobs_export_cli.py::test_deploy_guide_commands_export_jobs_for_the_shipped_hospitals",
+    "tests/test_jobs_export_cli.py::test_bundled_jobs_carry_the_package",
+    "tests/test_he_simulator.py::test_plaintext_runs_do_not_load_tenseal",
+    "tests/test_engine.py::test_site_workers_are_processes",
+    "tests/test_poc.py::test_bundle_export_ships_an_importable_package",
+    "tests/test_aggregator.py::test_the_aggregator_is_exported_with_its_options",
+)
 
 # Hypothesis: the property tests draw new examples in every run; a mutation run
 # (benchmarks/mutation_score.py) sets HYPOTHESIS_PROFILE=mutation so that every mutant meets the same ones
