@@ -143,40 +143,34 @@ def meta_path(module: str) -> Path:
     return MUTANTS / "src" / (Path(module).relative_to("custom").as_posix() + ".meta")
 
 
-def run(modules: list[str], nice: int) -> dict[str, float]:
-    """mutmut run for each module; returns the wall time per module run."""
+def run(modules: list[str], nice: int) -> dict[str, float | None] | None:
+    """One ``mutmut run`` over ``modules``; its wall time for each of them, or None if it stopped."""
     stage()
-    seconds: dict[str, float] = {}
+    with_mutants = []
     for module in modules:
         if meta_path(module).exists() and not json.loads(meta_path(module).read_text())["exit_code_by_key"]:
             print(f"{module}: no mutants")
-            seconds[module] = 0.0
-            continue
-        command = [
-            "nice",
-            "-n",
-            str(nice),
-            str(MUTMUT),
-            "run",
-            "--max-children",
-            "1",
-            import_name(module) + ".x*",
-        ]
-        print(f"{module}: {' '.join(command[3:])}", flush=True)
-        log = STAGE / "logs" / (import_name(module) + ".log")
-        log.parent.mkdir(exist_ok=True)
-        start = time.monotonic()
-        with open(log, "w") as out:  # mutmut's own output, followed while it runs
-            done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
-        seconds[module] = round(time.monotonic() - start, 1)
+        else:
+            with_mutants.append(module)
+    if not with_mutants:
+        return dict.fromkeys(modules, 0.0)
+    names = [import_name(module) + ".x*" for module in with_mutants]
+    command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", "1", *names]
+    print(f"{' '.join(with_mutants)}: {' '.join(command[3:])}", flush=True)
+    log = STAGE / "logs" / (names[0].removesuffix(".x*") + ".log")
+    log.parent.mkdir(exist_ok=True)
+    start = time.monotonic()
+    with open(log, "w") as out:  # mutmut's own output, followed while it runs
+        done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
+    seconds = round(time.monotonic() - start, 1)
+    if done.returncode != 0:  # the report keeps what was measured; a module not finished stays "not yet run"
         tail = log.read_text(errors="replace")[-3000:]
-        if done.returncode != 0 and "nothing matches" in tail:
-            print(f"{module}: no mutants")
-            continue
-        if done.returncode != 0:
-            raise SystemExit(f"mutmut failed on {module} (exit {done.returncode}):\n{tail}")
-        print(f"{module}: {seconds[module]:.0f} s", flush=True)
-    return seconds
+        print(
+            f"mutmut stopped on {' '.join(with_mutants)} (exit {done.returncode}):\n{tail}", file=sys.stderr
+        )
+        return None
+    print(f"{' '.join(with_mutants)}: {seconds:.0f} s", flush=True)
+    return dict.fromkeys(modules, seconds)
 
 
 def _status(code: int | None) -> str:
@@ -257,7 +251,9 @@ def module_result(module: str, seconds: float | None, previous: dict | None, ver
     }
 
 
-def report(seconds: dict[str, float] | None = None) -> dict:
+def report(
+    seconds: dict[str, float | None] | None = None, together: dict[str, list[str]] | None = None
+) -> dict:
     """Rewrite score.json and score.md from mutmut's meta files (modules run now or before)."""
     import mutmut
 
@@ -267,12 +263,21 @@ def report(seconds: dict[str, float] | None = None) -> dict:
     modules = {}
     for module in configured_modules():
         ran = module in seconds or previous.get(module, {}).get("status") == "run"
-        if (
-            ran
-            and meta_path(module).exists()
-            and json.loads(meta_path(module).read_text())["exit_code_by_key"]
-        ):
+        codes = (
+            json.loads(meta_path(module).read_text())["exit_code_by_key"]
+            if meta_path(module).exists()
+            else {}
+        )
+        checked = sum(code is not None for code in codes.values())
+        if ran and checked < len(codes):  # a run stopped before its end: the last complete one stands
+            stopped = {"status": f"not yet run (stopped at {checked} of {len(codes)} mutants)"}
+            modules[module] = previous[module] if previous.get(module, {}).get("status") == "run" else stopped
+        elif ran and codes:
             modules[module] = module_result(module, seconds.get(module), previous.get(module), verdicts)
+            if together and len(together.get(module, [])) > 1:
+                modules[module]["after"]["run_with"] = [m for m in together[module] if m != module]
+            elif module not in seconds and "run_with" in previous[module]["after"]:
+                modules[module]["after"]["run_with"] = previous[module]["after"]["run_with"]
         elif ran:
             modules[module] = {"status": "no mutants", "sha256": file_sha256(module)}
         else:
@@ -314,19 +319,21 @@ def _pct(value: float | None) -> str:
 def table(payload: dict) -> str:
     """The scores table (docs/testing.md shows this table verbatim)."""
     rows = [
-        "| module | mutants | caught before | score before | caught after | score after | not caught | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| module | mutants | caught before | score before | caught after | score after | not caught "
+        "| mutants' tests (s) | run (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for module, entry in payload["modules"].items():
         name = module.removeprefix("custom/fedweigh/")
         if entry["status"] != "run":
-            rows.append(f"| `{name}` | {entry['status']} | | | | | | |")
+            rows.append(f"| `{name}` | {entry['status']} | | | | | | | |")
             continue
         before, after = entry["before"], entry["after"]
         rows.append(
             f"| `{name}` | {after['counts']['total']} | {before['counts']['caught']} | {_pct(before['score'])} "
             f"| {after['counts']['caught']} | {_pct(after['score'])} | {len(entry['survivors'])} "
-            f"| {after['seconds'] if after['seconds'] is not None else '-'} |"
+            f"| {after['mutant_seconds']} | {after['seconds'] if after['seconds'] is not None else '-'}"
+            f"{'*' if after.get('run_with') else ''} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -337,7 +344,9 @@ def markdown(payload: dict) -> str:
         "",
         f"Built by `benchmarks/mutation_score.py` ({payload['tool']}, `{payload['command']}`) from "
         "`score.json` beside it. Tests: the fast suite. Score: " + payload["score"] + ". "
-        "`seconds`: wall time of the module's `mutmut run` on a shared 2-core machine, one worker, `nice 15`.",
+        "`mutants' tests (s)`: mutmut's time for the tests of the module's mutants (the last run); `run (s)`: "
+        "wall time of the `mutmut run` that ran the module (set-up, clean run, forced failure, mutants) on a "
+        "shared 2-core machine, one worker, `nice 15`; `*`: one run for several modules (`--together`).",
         "",
         table(payload),
     ]
@@ -415,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("action", choices=("run", "report", "slow-check"))
     parser.add_argument("modules", nargs="*", help="modules or folders from the project root (default: all)")
+    parser.add_argument(
+        "--together", action="store_true", help="one mutmut run for all the modules (its set-up once)"
+    )
     parser.add_argument("--nice", type=int, default=15, help="niceness of the mutmut runs (default 15)")
     parser.add_argument(
         "--tests", nargs="+", default=[], help="slow-check: the slow tests to run on each mutant"
@@ -422,21 +434,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--controls", nargs="*", default=[], help="slow-check: caught mutants run as controls"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.action == "run":
         modules = expand(args.modules)
+        groups = [modules] if args.together else [[module] for module in modules]
         seconds: dict[str, float] = {}
-        for module in modules:  # the report after each module, so that a stopped run keeps what it measured
-            seconds.update(run([module], args.nice))
-            report(seconds)
+        together: dict[str, list[str]] = {}
+        for group in groups:  # the report after each run, so that a stopped run keeps what it measured
+            measured = run(group, args.nice)
+            seconds.update(measured or dict.fromkeys(group))
+            together.update({module: group for module in group})
+            report(seconds, together)
+            if measured is None:
+                return 1
     elif args.action == "slow-check":
         if len(args.modules) != 1 or not args.tests:
             parser.error("slow-check takes one module and --tests")
         stage()
         slow_check(expand(args.modules)[0], args.tests, args.controls, args.nice)
         return 0
-    else:
-        report()
+    else:  # modules named here count as run (their time unknown) when mutmut checked all their mutants
+        report(dict.fromkeys(expand(args.modules)) if args.modules else None)
     print(table(json.loads(SCORE_JSON.read_text())))
     return 0
 
