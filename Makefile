@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedweigh-installed
 DEV_STAMP := $(VENV)/.fedweigh-dev-installed
 
-.PHONY: setup dev demo test test-fast lint jobs clean
+.PHONY: setup dev demo test test-fast mutation lint jobs clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,12 @@ test: dev
 test-fast: dev
 	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
 
+# mutation score of the core modules against the fast tests (docs/testing.md, "Mutation testing"); not part
+# of `make test`. MODULES= one or more modules or folders (default: every module of [tool.mutmut] only_mutate)
+MODULES ?=
+mutation: dev
+	PYTHONPATH=custom $(PY) benchmarks/mutation_score.py run $(MODULES)
+
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check custom tests benchmarks
@@ -43,4 +49,4 @@ jobs: setup
 	$(VENV)/bin/fedweigh jobs export
 
 clean:
-	rm -rf workspaces .pytest_cache .ruff_cache
+	rm -rf workspaces .pytest_cache .ruff_cache build/mutation

@@ -1,3 +1,4 @@
+import json
 import os
 
 import pytest
@@ -41,6 +42,17 @@ def _order(item: pytest.Item) -> tuple:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("FEDWEIGH_MUTATION_RUN"):
+        left_out = [item for item in items if item.nodeid.startswith(MUTATION_RUN_LEFT_OUT)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if item not in left_out]
+        # a mutant's tests, fastest first (mutmut's own timings), so that one that fails ends the run soon
+        if os.path.exists("mutmut-stats.json"):
+            with open("mutmut-stats.json") as f:
+                duration = json.load(f)["duration_by_test"]
+            items.sort(key=lambda item: duration.get(item.nodeid, 0.0))
+        return
     if os.environ.get("FEDWEIGH_TEST_ORDER") == "given":  # a mutation run puts the fastest tests first
         return
     order = {id(item): (_order(item), position) for position, item in enumerate(items)}
@@ -100,6 +112,34 @@ def method_run(tmp_path_factory):
 
     return run
 
+
+# a mutation run (benchmarks/mutation_score.py) tests the package, not the mutation report, which changes
+# while the run writes it
+collect_ignore = ["test_mutation_score.py"] if os.environ.get("FEDWEIGH_MUTATION_RUN") else []
+# ... and leaves out the fast tests that took 5 s or more in mutmut's pass (they start processes, export
+# jobs, train a bench cell or a network, run the demo): each mutant of a function they call would run them,
+# an hour or more a module on two shared cores. docs/testing.md ("Mutation testing") lists them. The
+# property tests of the Holm step-down rule (28 s) stay: they are the reference of bench/stats.holm.
+MUTATION_RUN_LEFT_OUT = (
+    "tests/test_bench_stats.py::test_cells_scored_in_parallel_give_the_same_numbers",
+    "tests/test_jobs_export_cli.py::test_deploy_guide_commands_export_jobs_for_the_shipped_hospitals",
+    "tests/test_jobs_export_cli.py::test_bundled_jobs_carry_the_package",
+    "tests/test_he_simulator.py::test_plaintext_runs_do_not_load_tenseal",
+    "tests/test_engine.py::test_site_workers_are_processes",
+    "tests/test_poc.py::test_bundle_export_ships_an_importable_package",
+    "tests/test_aggregator.py::test_the_aggregator_is_exported_with_its_options",
+    "tests/test_dp_end_to_end.py::test_dp_noise_comes_from_the_operating_system",
+    "tests/test_results_tables.py::test_every_table_of_docs_results_is_rebuilt_verbatim_from_its_committed_run",
+    "tests/test_cli.py::test_demo_runs_the_feddraw_job_and_prints_the_round_table",
+    "tests/test_method_options.py::test_tuning_picks_by_validation_auc_and_never_reads_the_test_set",
+    "tests/test_poc.py::test_export_modes_exclude_each_other",
+    "tests/test_backbones.py::test_bench_runs_a_method_on_the_network_asked_for[densenet121]",
+    "tests/test_bench.py::test_rerun_skips_finished_cells",
+    "tests/test_augment_option.py::test_augmented_training_sees_augmented_batches",
+    "tests/test_io.py::test_every_file_the_package_writes_goes_through_io",
+    "tests/test_scenario_file.py::test_a_file_scenario_runs_in_the_bench_under_its_name",
+    "tests/test_demo_youden.py::test_demo_says_why_gm_at_youden_is_missing",
+)
 
 # Hypothesis: the property tests draw new examples in every run; a mutation run
 # (benchmarks/mutation_score.py) sets HYPOTHESIS_PROFILE=mutation so that every mutant meets the same ones

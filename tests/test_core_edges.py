@@ -370,3 +370,44 @@ def test_the_accountant_keeps_its_largest_order_warning_to_itself():
         value = epsilon_for([(50.0, 1.0, 1)], 1e-5)
     assert value > 0
     assert not [w for w in caught if "largest alpha" in str(w.message)]
+
+
+# ----------------------------------------------------------------------------------- global statistics' JSON form
+def test_global_statistics_from_json_accept_the_smallest_valid_values():
+    """A class without positives (count 0) and a federation of one sample are valid statistics."""
+    from fedweigh.histograms import GlobalStats
+
+    stats = GlobalStats.from_dict(
+        {"class_counts": [0, 1], "num_samples": 1, "client_level_parameter": 0}, "f.json"
+    )
+    assert stats.class_counts.tolist() == [0, 1] and stats.class_counts.dtype == np.int64
+    assert stats.num_samples == 1 and stats.client_level_parameter == 0.0
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("class_counts", (1, 2), "class_counts must be a non-empty list of integers >= 0, got (1, 2)"),
+        ("class_counts", [1.0, 2], "class_counts must be a non-empty list of integers >= 0, got [1.0, 2]"),
+        ("class_counts", [True, 2], "class_counts must be a non-empty list of integers >= 0, got [True, 2]"),
+        ("num_samples", 4.0, "num_samples must be an integer >= 1, got 4.0"),
+        ("num_samples", True, "num_samples must be an integer >= 1, got True"),
+        ("num_samples", 0, "num_samples must be an integer >= 1, got 0"),
+    ],
+)
+def test_global_statistics_from_json_refuse_what_is_not_a_whole_count(field, value, message):
+    """Counts are JSON integers (a float, a bool or a tuple is refused), named with the file."""
+    from fedweigh.histograms import GlobalStats
+
+    data = {"class_counts": [1, 2], "num_samples": 4, "client_level_parameter": 0.5, field: value}
+    with pytest.raises(ValueError) as refused:
+        GlobalStats.from_dict(data, "f.json")
+    assert str(refused.value) == f"f.json: {message}"
+
+
+def test_global_statistics_from_json_name_every_missing_field():
+    from fedweigh.histograms import GlobalStats
+
+    with pytest.raises(ValueError) as refused:
+        GlobalStats.from_dict({"class_counts": [1]}, "f.json")
+    assert str(refused.value) == "f.json: global statistics lack num_samples, client_level_parameter"

@@ -529,3 +529,27 @@ def test_class_balanced_accepts_plain_counts() -> None:
 def test_pnb_constructor_shape_mismatch() -> None:
     with pytest.raises(ValueError, match="differ in shape"):
         PNBLoss("multilabel", np.array([1, 2]), np.array([1, 2, 3]))
+
+
+def test_bce_and_ce_state_their_task_and_name_themselves_when_refusing_the_other() -> None:
+    """``task`` is the one the loss was built for; the refusal names the loss, the tasks it supports
+    and the task it got (the whole message)."""
+    assert build_loss("bce", ml_ctx()).task == "multilabel"
+    assert build_loss("ce", mc_ctx()).task == "multiclass"
+    refusals = (
+        ("bce", mc_ctx(), "'bce'", "('multilabel',)", "'multiclass'"),
+        ("ce", ml_ctx(), "'ce'", "('multiclass',)", "'multilabel'"),
+    )
+    for name, ctx, quoted, supported, got in refusals:
+        with pytest.raises(ValueError) as refused:
+            build_loss(name, ctx)
+        assert str(refused.value) == f"loss {quoted} supports task(s) {supported}, got {got}"
+
+
+def test_ce_of_an_empty_batch_is_zero_with_gradients() -> None:
+    """A batch without images gives loss 0 (not NaN) that still backpropagates."""
+    logits = torch.zeros(0, 3, requires_grad=True)
+    value = build_loss("ce", mc_ctx())(logits, torch.zeros(0, dtype=torch.int64))
+    assert value.item() == 0.0
+    value.backward()
+    assert logits.grad is not None and logits.grad.shape == (0, 3)

@@ -74,3 +74,12 @@ def test_deferred_anneal_validates():
         schedules.deferred_anneal(1, 10, 1.0, 0.5, "square")
     with pytest.raises(ValueError, match="round_index"):
         schedules.deferred_anneal(0, 10, 1.0, 0.5)
+
+
+def test_an_unknown_shape_is_refused_with_the_shapes_that_exist():
+    """The message lists the known shapes as written, for the ramp and for the deferred anneal."""
+    known = "known: linear, cosine, exponential"
+    with pytest.raises(ValueError, match=f"unknown schedule shape 'step'; {known}$"):
+        schedules.ramp("step", 0.5)
+    with pytest.raises(ValueError, match=f"unknown schedule shape 'square'; {known}$"):
+        schedules.deferred_anneal(1, 10, 1.0, 0.5, "square")

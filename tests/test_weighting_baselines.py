@@ -208,3 +208,10 @@ def test_feddisco_weights_by_hand():
         get_scheme("feddisco").weights(
             [zero[0], ClientReport("b", 3, scalars={"discrepancy": -0.1})], None, 1, 2
         )
+
+
+def test_fedprox_accepts_mu_zero_and_refuses_any_negative_mu():
+    """client_mu = 0 is FedAvg's local objective (allowed); the bound is mu >= 0 exactly."""
+    assert get_scheme("fedprox", client_mu=0.0).fedprox_mu == 0.0
+    with pytest.raises(ValueError, match="client_mu must be a finite number >= 0"):
+        get_scheme("fedprox", client_mu=-1e-12)

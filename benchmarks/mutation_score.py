@@ -1,0 +1,463 @@
+"""Mutation score of the core modules: run mutmut against the fast tests and write the report.
+
+    make mutation                                             # every module of [tool.mutmut] only_mutate
+    make mutation MODULES=custom/fedweigh/schedules.py        # one module (a folder: each of its modules)
+    PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py report   # the report from the last runs
+
+``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module, at low priority, and then
+writes the report. mutmut (3.x) names a mutant after its file's path, and only a leading ``src/`` maps
+that path to the import name ``fedweigh.*``; so the run happens in ``build/mutation/``, where ``src``
+links to ``custom/``, ``tests`` to ``tests/`` and ``pyproject.toml`` to the project's (its
+``[tool.mutmut]`` section). mutmut copies them into ``build/mutation/mutants/`` and puts
+``mutants/src`` first on ``sys.path``: the tests import the mutated copy of the package, and mutmut's
+forced-failure check (every mutated function raises; some test must fail) stops the run if they do
+not. The rest of the project (docs, examples, jobs, ...) is linked into ``mutants/`` for the tests that
+read it. Each mutant runs the fast tests that call its function (mutmut's first pass records which),
+in one process, in the order they are written (``FEDWEIGH_TEST_ORDER=given``), with Hypothesis
+derandomised (``HYPOTHESIS_PROFILE=mutation``) so that every mutant meets the same examples.
+
+``report`` reads mutmut's results (``mutants/**/<module>.py.meta``) and writes
+``docs/results/mutations/score.json`` and ``score.md``: per module the counts, the score
+(caught / total, caught = killed or timed out), the time taken, the sha256 of the source file as it
+was mutated, and every mutant that was not caught with its diff and verdict. Verdicts are kept in
+``docs/results/mutations/verdicts.json`` (mutant name -> diff and verdict, edited by hand):
+``killed by tests/<file>.py::<test>`` for a survivor a later test kills, ``equivalent: <reason>`` for a
+change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
+A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
+are listed as ``not yet run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedweigh.io import atomic_write_json, atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGE = ROOT / "build" / "mutation"
+MUTANTS = STAGE / "mutants"
+RESULTS = ROOT / "docs" / "results" / "mutations"
+SCORE_JSON = RESULTS / "score.json"
+SCORE_MD = RESULTS / "score.md"
+VERDICTS = RESULTS / "verdicts.json"
+MUTMUT = ROOT / ".venv" / "bin" / "mutmut"
+# links inside build/mutation (mutmut copies them into mutants/) and inside mutants/ (read by tests)
+STAGE_LINKS = {"src": "custom", "tests": "tests", "pyproject.toml": "pyproject.toml"}
+MUTANTS_LINKS = ("custom", "docs", "examples", "jobs", "benchmarks", "provisioning", "README.md", "Makefile")
+# mutmut's exit codes (mutmut.stats.status_by_exit_code): caught = killed or timed out
+CAUGHT = ("killed", "timeout")
+
+
+def configured_patterns() -> list[str]:
+    """[tool.mutmut] only_mutate: the modules mutated, as paths in build/mutation (src/fedweigh/...)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # mutmut's own dependency on Python 3.10
+        import toml as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return list(config["only_mutate"])
+
+
+def configured_modules() -> list[str]:
+    """Every module of only_mutate, as a path from the project root (custom/fedweigh/...), sorted."""
+    modules = set()
+    for pattern in configured_patterns():
+        for path in (ROOT / "custom").rglob("*.py"):
+            staged = "src/" + path.relative_to(ROOT / "custom").as_posix()
+            if fnmatch.fnmatch(staged, pattern):
+                modules.add(path.relative_to(ROOT).as_posix())
+    return sorted(modules)
+
+
+def import_name(module: str) -> str:
+    """custom/fedweigh/losses/focal.py -> fedweigh.losses.focal; a package's __init__.py -> the package."""
+    parts = Path(module).with_suffix("").parts[1:]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def file_sha256(module: str) -> str:
+    return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        if link.is_symlink() and link.resolve() == target.resolve():
+            return
+        raise SystemExit(f"{link} exists and is not a link to {target}: remove {STAGE} and run again")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(os.path.relpath(target, link.parent))
+
+
+def stage() -> None:
+    """build/mutation with its links (see the module docstring)."""
+    for name, target in STAGE_LINKS.items():
+        _link(STAGE / name, ROOT / target)
+    for name in MUTANTS_LINKS:
+        if (ROOT / name).exists():
+            _link(MUTANTS / name, ROOT / name)
+
+
+def expand(requested: list[str]) -> list[str]:
+    """Requested paths (modules or folders, from the project root) -> configured modules, in that order."""
+    configured = configured_modules()
+    if not requested:
+        return configured
+    modules: list[str] = []
+    for item in requested:
+        item = item.rstrip("/")
+        found = [m for m in configured if m == item or m.startswith(item + "/")]
+        if not found:
+            raise SystemExit(
+                f"MODULES: {item} is not a module of [tool.mutmut] only_mutate in pyproject.toml "
+                f"(those are: {' '.join(configured)})"
+            )
+        modules += [m for m in found if m not in modules]
+    return modules
+
+
+def run_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HYPOTHESIS_PROFILE="mutation",
+        FEDWEIGH_TEST_ORDER="given",
+        FEDWEIGH_MUTATION_RUN="1",  # tests/conftest.py leaves out the test of this report
+        FEDWEIGH_CACHE=str(ROOT / ".cache" / "test-data"),
+        OMP_NUM_THREADS="1",
+        # subprocesses a test starts (the CLI) import this tree's package, unmutated
+        PYTHONPATH=str(ROOT / "custom"),
+    )
+    return env
+
+
+def meta_path(module: str) -> Path:
+    return MUTANTS / "src" / (Path(module).relative_to("custom").as_posix() + ".meta")
+
+
+def run(modules: list[str], nice: int) -> dict[str, float | None] | None:
+    """One ``mutmut run`` over ``modules``; its wall time for each of them, or None if it stopped."""
+    stage()
+    with_mutants = []
+    for module in modules:
+        if meta_path(module).exists() and not json.loads(meta_path(module).read_text())["exit_code_by_key"]:
+            print(f"{module}: no mutants")
+        else:
+            with_mutants.append(module)
+    if not with_mutants:
+        return dict.fromkeys(modules, 0.0)
+    names = [import_name(module) + ".x*" for module in with_mutants]
+    command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", "1", *names]
+    print(f"{' '.join(with_mutants)}: {' '.join(command[3:])}", flush=True)
+    log = STAGE / "logs" / (names[0].removesuffix(".x*") + ".log")
+    log.parent.mkdir(exist_ok=True)
+    start = time.monotonic()
+    with open(log, "w") as out:  # mutmut's own output, followed while it runs
+        done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
+    seconds = round(time.monotonic() - start, 1)
+    if done.returncode != 0:  # the report keeps what was measured; a module not finished stays "not yet run"
+        tail = log.read_text(errors="replace")[-3000:]
+        print(
+            f"mutmut stopped on {' '.join(with_mutants)} (exit {done.returncode}):\n{tail}", file=sys.stderr
+        )
+        return None
+    print(f"{' '.join(with_mutants)}: {seconds:.0f} s", flush=True)
+    return dict.fromkeys(modules, seconds)
+
+
+def _status(code: int | None) -> str:
+    from mutmut.stats import status_by_exit_code
+
+    return status_by_exit_code[code]
+
+
+def _diff(mutant: str) -> str:
+    done = subprocess.run(
+        [str(MUTMUT), "show", mutant], cwd=STAGE, env=run_env(), capture_output=True, text=True, check=True
+    )
+    lines = done.stdout.splitlines()
+    return "\n".join(line for line in lines[1:] if not line.startswith(("---", "+++")))
+
+
+def _counts(codes: dict[str, int | None]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for code in codes.values():
+        status = _status(code).replace(" ", "_")
+        counts[status] = counts.get(status, 0) + 1
+    counts["total"] = len(codes)
+    counts["caught"] = sum(counts.get(s, 0) for s in CAUGHT)
+    return counts
+
+
+def score(counts: dict[str, int]) -> float | None:
+    return round(100.0 * counts["caught"] / counts["total"], 1) if counts["total"] else None
+
+
+def _load(path: Path, default):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def module_result(module: str, seconds: float | None, previous: dict | None, verdicts: dict) -> dict:
+    """The report entry of one module from mutmut's meta file (see the module docstring)."""
+    meta = json.loads(meta_path(module).read_text())
+    codes: dict[str, int | None] = meta["exit_code_by_key"]
+    if any(code is None for code in codes.values()):
+        raise SystemExit(
+            f"{module}: mutmut has not checked every mutant; run `make mutation MODULES={module}`"
+        )
+    counts = _counts(codes)
+    survivors = []
+    for mutant in sorted(codes, key=lambda m: (m.rsplit("__mutmut_", 1)[0], int(m.rsplit("_", 1)[1]))):
+        status = _status(codes[mutant])
+        if status in CAUGHT:
+            continue
+        diff = _diff(mutant)
+        known = verdicts.get(mutant)
+        if known is None or known["diff"] != diff:  # a new survivor, or the name now means another change
+            verdicts[mutant] = known = {"module": module, "diff": diff, "verdict": "open"}
+        survivors.append({"mutant": mutant, "status": status, "diff": diff, "verdict": known["verdict"]})
+    after = {
+        "sha256": file_sha256(module),
+        "run_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seconds": seconds if seconds is not None else (previous or {}).get("after", {}).get("seconds"),
+        "mutant_seconds": round(sum(meta["durations_by_key"].values()), 1),
+        "counts": counts,
+        "score": score(counts),
+        "survivors": [s["mutant"] for s in survivors],
+    }
+    before = previous["before"] if previous and previous.get("status") == "run" else after
+    if seconds is None and previous and previous.get("status") == "run":
+        after["run_at"] = previous["after"]["run_at"]  # the report rebuilt, not rerun
+    # survivors of the first run that a later run caught: their verdict names the test that kills them
+    caught_since = [
+        {"mutant": m, "diff": verdicts[m]["diff"], "verdict": verdicts[m]["verdict"]}
+        for m in before["survivors"]
+        if m in codes and _status(codes[m]) in CAUGHT and m in verdicts
+    ]
+    return {
+        "status": "run",
+        "before": before,
+        "after": after,
+        "survivors": survivors,
+        "caught_since_before": caught_since,
+    }
+
+
+def report(
+    seconds: dict[str, float | None] | None = None, together: dict[str, list[str]] | None = None
+) -> dict:
+    """Rewrite score.json and score.md from mutmut's meta files (modules run now or before)."""
+    import mutmut
+
+    seconds = seconds or {}
+    previous = _load(SCORE_JSON, {}).get("modules", {})
+    verdicts = _load(VERDICTS, {})
+    modules = {}
+    for module in configured_modules():
+        ran = module in seconds or previous.get(module, {}).get("status") == "run"
+        codes = (
+            json.loads(meta_path(module).read_text())["exit_code_by_key"]
+            if meta_path(module).exists()
+            else {}
+        )
+        checked = sum(code is not None for code in codes.values())
+        if ran and checked < len(codes):  # a run stopped before its end: the last complete one stands
+            stopped = {"status": f"not yet run (stopped at {checked} of {len(codes)} mutants)"}
+            modules[module] = previous[module] if previous.get(module, {}).get("status") == "run" else stopped
+        elif ran and codes:
+            modules[module] = module_result(module, seconds.get(module), previous.get(module), verdicts)
+            if together and len(together.get(module, [])) > 1:
+                modules[module]["after"]["run_with"] = [m for m in together[module] if m != module]
+            elif module not in seconds and "run_with" in previous[module]["after"]:
+                modules[module]["after"]["run_with"] = previous[module]["after"]["run_with"]
+        elif ran:
+            modules[module] = {"status": "no mutants", "sha256": file_sha256(module)}
+        else:
+            modules[module] = {"status": "not yet run"}
+    payload = {
+        "command": "make mutation MODULES=<module>",
+        "tool": f"mutmut {mutmut.__version__}",
+        "tests": "pytest tests -m 'not slow' (the tests mutmut found calling the mutated function)",
+        "score": "caught / total, caught = killed or timed out; every other mutant is listed with a verdict",
+        "modules": modules,
+    }
+    atomic_write_json(SCORE_JSON, payload, private=False, indent=1, sort_keys=False)
+    atomic_write_json(VERDICTS, dict(sorted(verdicts.items())), private=False, indent=1)
+    atomic_write_text(SCORE_MD, markdown(payload), private=False)
+    _update_testing_page(payload)
+    return payload
+
+
+TESTING_MD = ROOT / "docs" / "testing.md"
+TABLE_START = "<!-- mutation-score-table: benchmarks/mutation_score.py table(score.json) -->\n"
+TABLE_END = "<!-- /mutation-score-table -->"
+
+
+def _update_testing_page(payload: dict) -> None:
+    """docs/testing.md's scores table, between its two markers, is the table of score.json."""
+    text = TESTING_MD.read_text()
+    head, found, rest = text.partition(TABLE_START)
+    if not found or TABLE_END not in rest:
+        return
+    atomic_write_text(
+        TESTING_MD, head + TABLE_START + table(payload) + rest[rest.index(TABLE_END) :], private=False
+    )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
+
+
+def table(payload: dict) -> str:
+    """The scores table (docs/testing.md shows this table verbatim)."""
+    rows = [
+        "| module | mutants | caught before | score before | caught after | score after | not caught "
+        "| mutants' tests (s) | run (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for module, entry in payload["modules"].items():
+        name = module.removeprefix("custom/fedweigh/")
+        if entry["status"] != "run":
+            rows.append(f"| `{name}` | {entry['status']} | | | | | | | |")
+            continue
+        before, after = entry["before"], entry["after"]
+        rows.append(
+            f"| `{name}` | {after['counts']['total']} | {before['counts']['caught']} | {_pct(before['score'])} "
+            f"| {after['counts']['caught']} | {_pct(after['score'])} | {len(entry['survivors'])} "
+            f"| {after['mutant_seconds']} | {after['seconds'] if after['seconds'] is not None else '-'}"
+            f"{'*' if after.get('run_with') else ''} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def markdown(payload: dict) -> str:
+    lines = [
+        "# Mutation score of the core modules",
+        "",
+        f"Built by `benchmarks/mutation_score.py` ({payload['tool']}, `{payload['command']}`) from "
+        "`score.json` beside it. Tests: the fast suite. Score: " + payload["score"] + ". "
+        "`mutants' tests (s)`: mutmut's time for the tests of the module's mutants (the last run); `run (s)`: "
+        "wall time of the `mutmut run` that ran the module (set-up, clean run, forced failure, mutants) on a "
+        "shared 2-core machine, one worker, `nice 15`; `*`: one run for several modules (`--together`).",
+        "",
+        table(payload),
+    ]
+    for module, entry in payload["modules"].items():
+        if entry["status"] != "run" or not (entry["survivors"] or entry["caught_since_before"]):
+            continue
+        lines += [f"## `{module}`", "", f"sha256 `{entry['after']['sha256']}`", ""]
+        for group, title in (
+            ("caught_since_before", "caught since the first run"),
+            ("survivors", "not caught"),
+        ):
+            for s in entry[group]:
+                lines += [f"- `{s['mutant']}` ({title}): {s['verdict']}", "", "  ```diff"]
+                lines += ["  " + line for line in s["diff"].splitlines()] + ["  ```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def slow_check(module: str, tests: list[str], controls: list[str], nice: int) -> dict:
+    """Do the slow tests catch a mutant of ``module`` that the fast tests let through?
+
+    Every mutant the fast run did not catch is run against ``tests`` (slow ones, e.g. the simulator
+    runs that use the module), with the mutated package first on the path of every process the tests
+    start (``PYTHONPATH``; mutmut selects the mutant by ``MUTANT_UNDER_TEST``, which they inherit).
+    Controls: the tests pass with no mutant, and fail on the ``controls``, mutants the fast tests
+    caught that change what the slow tests see (so the mutated code does reach them).
+    Written to docs/results/mutations/slow_check.json.
+    """
+    meta = json.loads(meta_path(module).read_text())["exit_code_by_key"]
+    missed = [m for m, code in meta.items() if _status(code) not in CAUGHT]
+    for control in controls:
+        if control not in meta or _status(meta[control]) not in CAUGHT:
+            raise SystemExit(f"--controls: {control} is not a mutant of {module} that the fast tests caught")
+    runs = [("", "control: no mutant")] + [(m, "control: caught by the fast tests") for m in controls]
+    runs += [(m, "not caught by the fast tests") for m in missed]
+    results = []
+    for mutant, role in runs:
+        env = run_env()
+        env.update(MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(MUTANTS / "src"))
+        command = [
+            "nice",
+            "-n",
+            str(nice),
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+        ]
+        start = time.monotonic()
+        done = subprocess.run(command + tests, cwd=MUTANTS, env=env, capture_output=True, text=True)
+        failed = sorted(set(re.findall(r"^FAILED (\S+)", done.stdout, re.M)))
+        results.append(
+            {
+                "mutant": mutant or None,
+                "role": role,
+                "returncode": done.returncode,
+                "failed": failed,
+                "seconds": round(time.monotonic() - start, 1),
+            }
+        )
+        print(f"{mutant or '(none)'} [{role}]: exit {done.returncode} {failed}", flush=True)
+    payload = {
+        "module": module,
+        "sha256": file_sha256(module),
+        "tests": tests,
+        "runs": results,
+    }
+    atomic_write_json(RESULTS / "slow_check.json", payload, private=False, indent=1)
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("action", choices=("run", "report", "slow-check"))
+    parser.add_argument("modules", nargs="*", help="modules or folders from the project root (default: all)")
+    parser.add_argument(
+        "--together", action="store_true", help="one mutmut run for all the modules (its set-up once)"
+    )
+    parser.add_argument("--nice", type=int, default=15, help="niceness of the mutmut runs (default 15)")
+    parser.add_argument(
+        "--tests", nargs="+", default=[], help="slow-check: the slow tests to run on each mutant"
+    )
+    parser.add_argument(
+        "--controls", nargs="*", default=[], help="slow-check: caught mutants run as controls"
+    )
+    args = parser.parse_intermixed_args(argv)
+    if args.action == "run":
+        modules = expand(args.modules)
+        groups = [modules] if args.together else [[module] for module in modules]
+        seconds: dict[str, float] = {}
+        together: dict[str, list[str]] = {}
+        for group in groups:  # the report after each run, so that a stopped run keeps what it measured
+            measured = run(group, args.nice)
+            seconds.update(measured or dict.fromkeys(group))
+            together.update({module: group for module in group})
+            report(seconds, together)
+            if measured is None:
+                return 1
+    elif args.action == "slow-check":
+        if len(args.modules) != 1 or not args.tests:
+            parser.error("slow-check takes one module and --tests")
+        stage()
+        slow_check(expand(args.modules)[0], args.tests, args.controls, args.nice)
+        return 0
+    else:  # modules named here count as run (their time unknown) when mutmut checked all their mutants
+        report(dict.fromkeys(expand(args.modules)) if args.modules else None)
+    print(table(json.loads(SCORE_JSON.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
