@@ -329,7 +329,22 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The sub-commands whose parsers import torch, MONAI or the bench (seconds): built only when named.
+HEAVY_COMMANDS = {
+    "explain": "gradient attention-rollout heatmaps of a ViT global model on test images (PNG)",
+    "bench": "compare weighting methods across the client-partition scenarios (docs/bench.md)",
+}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The sub-command named in ``argv`` (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``fedweigh`` parser. With ``argv``, only the sub-command it names gets its full parser
+    among :data:`HEAVY_COMMANDS` (the others are listed by name and help), so that ``fedweigh --help``,
+    ``--version`` and the light commands never import torch or MONAI; without, every parser is full."""
     p = argparse.ArgumentParser(prog="fedweigh", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedweigh {package_version()}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -399,11 +414,18 @@ def build_parser() -> argparse.ArgumentParser:
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")
     scen.set_defaults(func=cmd_scenarios)
 
-    from fedweigh.bench.cli import add_bench_parser
-    from fedweigh.explain.command import add_explain_parser
+    command = None if argv is None else _command_of(argv)
+    for name, help_text in HEAVY_COMMANDS.items():
+        if argv is not None and command != name:
+            sub.add_parser(name, help=help_text)
+        elif name == "explain":
+            from fedweigh.explain.command import add_explain_parser
 
-    add_explain_parser(sub)
-    add_bench_parser(sub)
+            add_explain_parser(sub)
+        else:
+            from fedweigh.bench.cli import add_bench_parser
+
+            add_bench_parser(sub)
     return p
 
 
@@ -417,7 +439,8 @@ def error_line(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command; an error prints one line (``--debug`` shows the traceback) and returns 2."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
