@@ -107,14 +107,7 @@ def run_simulator_with_progress(
 ) -> int:
     """Run the simulator with its logs in ``log_path`` and print one line per finished round."""
     cmd = simulator_command(job_dir, workspace, n_clients)
-    num_rounds = None
-    try:
-        import json
-
-        server = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
-        num_rounds = next(w["args"].get("num_rounds") for w in server["workflows"] if w["id"] == "controller")
-    except (OSError, ValueError, StopIteration, KeyError):
-        pass
+    num_rounds = job_num_rounds(job_dir)
     print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
     print(f"simulator log: {log_path}", flush=True)
     since = time.time() - 1.0
@@ -130,6 +123,89 @@ def run_simulator_with_progress(
             if rc is not None:
                 return rc
             time.sleep(poll_s)
+
+
+def _server_config(job_dir: Path) -> dict:
+    """The server app's ``config_fed_server.json`` of the job folder ``job_dir`` ({} if none)."""
+    import json
+
+    try:
+        deploy_map = json.loads((job_dir / "meta.json").read_text()).get("deploy_map") or {}
+    except (OSError, ValueError):
+        deploy_map = {}
+    apps = [app for app, sites in deploy_map.items() if {"server", "@ALL"} & set(sites)] or ["app"]
+    for app in apps:
+        path = job_dir / app / "config" / "config_fed_server.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                return {}
+    return {}
+
+
+def job_min_clients(job_dir: Path) -> tuple[int, str] | None:
+    """The most sites the job ``job_dir`` waits for, and where it says so (its ``meta.json`` or a
+    workflow's ``min_clients``); None when it names no number."""
+    import json
+
+    found: list[tuple[int, str]] = []
+    try:
+        meta_min = json.loads((job_dir / "meta.json").read_text()).get("min_clients")
+    except (OSError, ValueError):
+        meta_min = None
+    if isinstance(meta_min, int):
+        found.append((meta_min, "meta.json min_clients"))
+    for workflow in _server_config(job_dir).get("workflows", []):
+        value = (workflow.get("args") or {}).get("min_clients")
+        if isinstance(value, int):
+            found.append((value, f"workflow {workflow.get('id', '?')!r} min_clients"))
+    return max(found) if found else None
+
+
+def is_fedweigh_job(job_dir: Path) -> bool:
+    """Whether the job's server runs the fedweigh controller (which writes the metrics the demo shows)."""
+    return any(
+        str(w.get("path", "")).startswith("fedweigh.") for w in _server_config(job_dir).get("workflows", [])
+    )
+
+
+def job_num_rounds(job_dir: Path) -> int | None:
+    """The job's number of rounds: its controller's ``num_rounds``, else the controller's default."""
+    import importlib
+    import inspect
+
+    for workflow in _server_config(job_dir).get("workflows", []):
+        rounds = (workflow.get("args") or {}).get("num_rounds")
+        if isinstance(rounds, int):
+            return rounds
+        module, _, name = str(workflow.get("path", "")).rpartition(".")
+        try:  # NVFlare writes only the arguments that differ from the class's defaults
+            default = inspect.signature(getattr(importlib.import_module(module), name)).parameters[
+                "num_rounds"
+            ]
+        except (ImportError, AttributeError, KeyError, ValueError):
+            continue
+        if isinstance(default.default, int):
+            return default.default
+    return None
+
+
+def check_demo_clients(job_dir: Path, clients: int) -> None:
+    """A ValueError naming the job's min_clients when ``clients`` sites are fewer (NVFlare would
+    end with ``min_responses ... must be less than length of targets`` in a log)."""
+    needed = job_min_clients(job_dir)
+    if needed is None or clients >= needed[0]:
+        return
+    fix = f"run it with --clients {needed[0]}"
+    if (_repo_jobs_dir() / job_dir.name).is_dir():
+        fix += (
+            f", or export it for {clients} sites: fedweigh jobs export --min-clients {clients} --out my_jobs "
+            f"{job_dir.name} and run fedweigh demo --job my_jobs/{job_dir.name} --clients {clients}"
+        )
+    raise ValueError(
+        f"--clients {clients}: job {job_dir.name} needs at least {needed[0]} sites ({needed[1]}); {fix}"
+    )
 
 
 def _client_args_of(job_dir: Path):
@@ -215,6 +291,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not (job_dir / "meta.json").is_file():
         print(f"error: {job_dir} is not an NVFlare job folder (no meta.json); run `fedweigh jobs export`")
         return 2
+    check_demo_clients(job_dir, args.clients)
     workspace = Path(args.workspace or f"workspaces/demo_{job_dir.name}").resolve()
     log_path = workspace.parent / f"{workspace.name}.log"
     start = time.perf_counter()
@@ -224,10 +301,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rc = run_simulator_with_progress(job_dir, workspace, args.clients, log_path)
     wall = time.perf_counter() - start
     app = find_server_app_dir(workspace)
-    if rc != 0 or app is None:
-        where = workspace if args.show_logs else log_path
+    where = workspace if args.show_logs else log_path
+    if rc != 0:
         print(f"error: the simulator run failed (exit code {rc}); see {where}")
-        return rc or 1
+        return rc
+    if app is None and not is_fedweigh_job(job_dir):
+        print(
+            f"{job_dir.name}: the simulator run finished (exit code 0) in {wall:.0f} s. It is not a fedweigh "
+            f"job (its server runs no fedweigh controller), so there is no fedweigh round table; its "
+            f"results are in {workspace} and its log in {where}"
+        )
+        return 0
+    if app is None:
+        print(
+            f"error: the simulator ended (exit code 0) but the fedweigh controller wrote no {METRICS_JSON}; "
+            f"see {where}"
+        )
+        return 1
     rows = load_rows(app / METRICS_JSON)
     print()
     print(f"{job_dir.name}: global model by round (simulator, {args.clients} sites, {wall:.0f} s)")
@@ -297,13 +387,18 @@ def cmd_site_check(args: argparse.Namespace) -> int:
             "no site data config: give its path, or run from the site's kit folder (local/fedweigh_site.json)"
         )
     cfg = SiteDataConfig.from_file(path)
-    print(f"{path}: valid ({cfg.dataset}, {cfg.size} px)")
-    if args.load:
+    if not args.load:
+        print(f"{path}: valid ({cfg.dataset}, {cfg.size} px); its data not read (--load reads them)")
+        return 0
+    try:  # "valid" only once the data it names have been read: never "valid" and then an error
         site, test = load_site_from_config(args.site_name, cfg)
-        print(
-            f"{args.site_name}: {len(site.train)} training and {len(site.val)} validation images, "
-            f"{len(test)} test images, {site.train.num_classes} classes ({site.train.task})"
-        )
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: the data it names cannot be read: {e}") from e
+    print(f"{path}: valid ({cfg.dataset}, {cfg.size} px)")
+    print(
+        f"{args.site_name}: {len(site.train)} training and {len(site.val)} validation images, "
+        f"{len(test)} test images, {site.train.num_classes} classes ({site.train.task})"
+    )
     return 0
 
 

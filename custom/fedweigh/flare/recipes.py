@@ -420,6 +420,21 @@ class FedweighRecipe(Recipe):
             return ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv())
         return ClientScriptRunner(script=str(Path(self.train_script).resolve()), script_args=train_args)
 
+    def process_env(self, env) -> None:
+        """Before a run: an environment of fewer sites than ``min_clients`` is a ConfigError naming
+        both (NVFlare would end with ``min_responses ... must be less than length of targets`` in a log)."""
+        sites = getattr(env, "num_clients", 0) or len(getattr(env, "clients", None) or [])
+        needed = self.server_options.min_clients
+        if sites and sites < needed:
+            raise ConfigError(
+                f"recipe {self._job.name!r}",
+                "min_clients",
+                needed,
+                f"{type(env).__name__} runs {sites} sites; build the recipe with min_clients={sites} or run "
+                f"{needed} sites",
+            )
+        super().process_env(env)
+
     @property
     def framework(self) -> FrameworkType:
         """PyTorch, for NVFlare's ``add_cross_site_evaluation(recipe)``, which reads it first: under
