@@ -45,16 +45,22 @@ def find_server_app_dir(workspace: Path) -> Path | None:
 
 
 def format_round_table(rows: list[dict]) -> str:
-    """round | test AUC | test GM | val AUC (the global model after that many rounds)."""
+    """round | test AUC | test GM at 0.5 | val AUC | val GM | whether that round changed the model
+    (round t: the global model after t rounds; 0: the initial model)."""
 
     def fmt(v) -> str:
         return f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else "   -  "
 
-    lines = ["round  test_auc  test_gm   val_auc   val_gm"]
+    def model(r: dict) -> str:
+        if r["round"] == 0:
+            return "initial"
+        return "kept" if r.get("global_updated") is False or not r.get("weights") else "updated"
+
+    lines = ["round  test_auc  test_gm   val_auc   val_gm    model"]
     for r in rows:
         lines.append(
             f"{r['round']:>5}  {fmt(r.get('test_auc'))}    {fmt(r.get('test_gm'))}    "
-            f"{fmt(r.get('val_auc'))}    {fmt(r.get('val_gm'))}"
+            f"{fmt(r.get('val_auc'))}    {fmt(r.get('val_gm'))}    {model(r)}"
         )
     return "\n".join(lines)
 
@@ -74,17 +80,28 @@ def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int |
     return subprocess.call(cmd)
 
 
+def _has_scores(row: dict) -> bool:
+    return any(isinstance(row.get(k), float) and math.isfinite(row[k]) for k in ("test_auc", "val_auc"))
+
+
 def format_progress(row: dict, num_rounds: int | None = None) -> str:
-    """One line per finished round: the global model's scores and the sites' weights."""
+    """One line per round t (the global model after t rounds): its scores, and whether round t
+    changed the model (the sites' weights) or not (why: the sites whose results were left out)."""
     of = f"/{num_rounds}" if num_rounds else ""
     parts = [f"round {row['round']}{of}:"]
     for key, label in (("test_auc", "test AUC"), ("val_auc", "val AUC")):
         value = row.get(key)
         if isinstance(value, float) and math.isfinite(value):
             parts.append(f"{label} {value:.4f}")
+    if not _has_scores(row):
+        parts.append("not scored (no site evaluated this model)")
     weights = row.get("weights") or {}
-    if weights:
-        parts.append("weights " + " ".join(f"{k} {v:.2f}" for k, v in sorted(weights.items())))
+    if row.get("global_updated") is False or (not weights and row.get("round", 0) >= 1):
+        excluded = row.get("excluded") or {}
+        why = "; ".join(f"{site}: {reason}" for site, reason in excluded.items()) or "no site result arrived"
+        parts.append(f"model unchanged, round {row['round'] - 1}'s kept ({why})")
+    elif weights:
+        parts.append("model updated, weights " + " ".join(f"{k} {v:.2f}" for k, v in sorted(weights.items())))
     return "  ".join(parts)
 
 
@@ -111,15 +128,18 @@ def run_simulator_with_progress(
     print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
     print(f"simulator log: {log_path}", flush=True)
     since = time.time() - 1.0
-    shown = 0
+    shown: set[int] = set()
     with streamed_log(log_path) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         while True:
             rc = proc.poll()
-            rows = [r for r in _fresh_rows(workspace, since) if r.get("round", 0) >= 1]
-            for row in rows[shown:]:
-                print(format_progress(row, num_rounds), flush=True)
-            shown = max(shown, len(rows))
+            # a round's line once its model is scored (the sites score it when the next round starts,
+            # the last one at the end), or when the run has ended
+            for row in _fresh_rows(workspace, since):
+                t = row.get("round", 0)
+                if t >= 1 and t not in shown and (_has_scores(row) or rc is not None):
+                    print(format_progress(row, num_rounds), flush=True)
+                    shown.add(t)
             if rc is not None:
                 return rc
             time.sleep(poll_s)
@@ -271,17 +291,26 @@ def youden_report(job_dir: Path, model_path: Path, n_clients: int) -> dict:
     }
 
 
-def format_youden(report: dict) -> str:
-    """The demo's line on GM at the Youden thresholds, naming the thresholds it used."""
+def format_youden(report: dict, width: int = 100) -> str:
+    """The demo's lines on GM at the Youden thresholds: both GMs, where the thresholds come from, and
+    the thresholds (a finding and its threshold never split across lines)."""
     values = sorted(report["thresholds"].values())
-    shown = ", ".join(f"{name} {t:.3f}" for name, t in report["thresholds"].items())
     default = report.get("at_default") or []
-    note = f"; 0.5 for {len(default)} finding(s) validation shows only one way" if default else ""
-    return (
-        f"GM {report['gm_youden']:.4f} at per-finding Youden thresholds (max TPR - FPR on the sites' "
-        f"{report['val_images']} validation images, never the test set; {values[0]:.3f}..{values[-1]:.3f}: "
-        f"{shown}{note}); GM {report['gm_05']:.4f} at threshold 0.5"
-    )
+    lines = [
+        f"GM {report['gm_youden']:.4f} at per-finding Youden thresholds; GM {report['gm_05']:.4f} at threshold 0.5",
+        f"  thresholds: max TPR - FPR on the sites' {report['val_images']} validation images, never the test set",
+    ]
+    if default:
+        lines.append(f"  0.5 for {len(default)} finding(s) validation shows only one way")
+    current = f"  {values[0]:.3f}..{values[-1]:.3f}:"
+    for name, t in report["thresholds"].items():
+        item = f" {name} {t:.3f}"
+        if len(current) + len(item) > width:
+            lines.append(current)
+            current = "   "
+        current += item
+    lines.append(current)
+    return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -319,6 +348,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         return 1
     rows = load_rows(app / METRICS_JSON)
+    num_rounds = job_num_rounds(job_dir)
     print()
     print(f"{job_dir.name}: global model by round (simulator, {args.clients} sites, {wall:.0f} s)")
     print(format_round_table(rows))
@@ -330,21 +360,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "probabilities reach 0.5, so GM at 0.5 stays low while AUC, which needs no threshold, ranks "
             "the model)"
         )
-    models = sorted(workspace.rglob("FL_global_model.pt"))
-    if "test_auc" in final and models:
+    # the model the table's last row scores: the final global model (not NVFlare's best-model pick)
+    final_model = app / FINAL_MODEL if (app / FINAL_MODEL).is_file() else None
+    if final_model is None:
+        final_model = next(iter(sorted(workspace.rglob(FINAL_MODEL))), None)
+    if "test_auc" in final and final_model is not None:
         try:
-            print(format_youden(youden_report(job_dir, models[-1], args.clients)))
+            report = youden_report(job_dir, final_model, args.clients)
         except Exception as e:  # the run's result stands; say why this extra score is missing
             print(f"GM at Youden thresholds: not computed ({type(e).__name__}: {e})")
+        else:
+            print(format_youden(report))
+            _replot_with_youden(app, rows, (final["round"], report["gm_youden"]))
     print(f"metrics:  {app / METRICS_JSON} (and {METRICS_CSV})")
     for plot in (WEIGHTS_PLOT, AUC_PLOT):
         if (app / plot).is_file():
             print(f"plot:     {app / plot}")
-    models = sorted(p for p in workspace.rglob("*.pt"))
-    if models:
-        print(f"model:    {models[-1]}")
+    if final_model is not None:
+        of = f" of {num_rounds}" if num_rounds else ""
+        print(
+            f"model:    {final_model} (the global model after round {final.get('round', '?')}{of}, the table's last row)"
+        )
+    best = next(iter(sorted(workspace.rglob(BEST_MODEL))), None)
+    if best is not None:
+        print(f"best:     {best} (NVFlare's model selector: the global model with the sites' best val_auc)")
     print(f"tensorboard: tensorboard --logdir {workspace}")
+    print(
+        "rounds:   round t is the global model after t aggregations (0: the initial model); NVFlare's logs count from 0"
+    )
     return 0
+
+
+#: The final global model NVFlare's persistor saves, and its best-model pick (by the key metric).
+FINAL_MODEL = "FL_global_model.pt"
+BEST_MODEL = "best_FL_global_model.pt"
+
+
+def _replot_with_youden(app: Path, rows: list[dict], youden: tuple[int, float]) -> None:
+    """Redraw the run's metric plot with the final model's GM at the Youden thresholds."""
+    import json
+
+    from fedweigh.server.records import RoundRecorder
+
+    try:
+        scheme = json.loads((app / METRICS_JSON).read_text()).get("scheme", "")
+    except (OSError, ValueError):
+        scheme = ""
+    RoundRecorder(app, scheme, rows).plot(youden=youden)
 
 
 def cmd_jobs_export(args: argparse.Namespace) -> int:
