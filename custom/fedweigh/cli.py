@@ -412,9 +412,21 @@ def _replot_with_youden(app: Path, rows: list[dict], youden: tuple[int, float]) 
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     from fedweigh.flare.jobs import export_jobs
 
-    if args.min_clients is not None and args.out is None:
+    changed = {
+        flag: value
+        for flag, value in (
+            ("--min-clients", args.min_clients),
+            ("--rounds", args.rounds),
+            ("--scenario", args.scenario),
+            ("--arch", args.arch),
+            ("--size", args.size),
+        )
+        if value is not None
+    }
+    if changed and args.out is None:
+        flag, value = next(iter(changed.items()))
         raise ValueError(
-            f"--min-clients {args.min_clients} needs --out DIR: {_repo_jobs_dir()} holds the catalogue's "
+            f"{flag} {value} needs --out DIR: {_repo_jobs_dir()} holds the catalogue's "
             "own jobs, which the tests compare with a fresh export"
         )
     out = args.out or str(_repo_jobs_dir())
@@ -424,6 +436,10 @@ def cmd_jobs_export(args: argparse.Namespace) -> int:
         bundle=args.bundle,
         site_installed=args.site_installed,
         min_clients=args.min_clients,
+        num_rounds=args.rounds,
+        scenario=args.scenario,
+        arch=args.arch,
+        size=args.size,
     ):
         print(f"exported {path}")
     return 0
@@ -532,6 +548,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         metavar="N",
         help="sites each job waits for and needs per round (default: the catalogue's, 4); "
         "e.g. 3 for the shipped 3-hospital project; needs --out",
+    )
+    export.add_argument(
+        "--rounds", type=_positive_int, default=None, metavar="N", help="training rounds; needs --out"
+    )
+    export.add_argument(
+        "--scenario", default=None, help="client-partition scenario (`fedweigh scenarios`); needs --out"
+    )
+    export.add_argument(
+        "--arch", default=None, help="network: densenet_compact, densenet121 or vit; needs --out"
+    )
+    export.add_argument(
+        "--size", type=_positive_int, default=None, metavar="PX", help="image side in pixels; needs --out"
     )
     code = export.add_mutually_exclusive_group()
     code.add_argument(
