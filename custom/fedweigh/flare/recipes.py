@@ -758,3 +758,26 @@ class BaselineRecipe(MethodRecipe):
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         super().__init__(method=baseline, name=name or baseline, scheme_args=scheme_args, **kwargs)
+
+
+def run_outcome(run) -> tuple[int, str]:
+    """(exit code, one line) for a finished ``recipe.execute(env)`` run: 0 when at least one round
+    changed the global model; 1 (naming the left-out sites' reasons) when none did, e.g. every site
+    failed, which NVFlare's simulator still ends with status "finished"."""
+    from fedweigh.protocol import METRICS_JSON
+    from fedweigh.server.records import load_rows
+
+    result = run.get_result()
+    status = run.get_status()
+    found = sorted(Path(result).rglob(METRICS_JSON)) if result else []
+    if not found:
+        return 1, f"error: the run ({status}) left no {METRICS_JSON} under {result}; see its logs there"
+    rows = [r for r in load_rows(found[-1]) if r.get("round", 0) >= 1]
+    updated = [r for r in rows if r.get("global_updated")]
+    if not updated:
+        reasons = sorted({f"{site}: {why}" for r in rows for site, why in (r.get("excluded") or {}).items()})
+        why = "; ".join(reasons) or "no site result arrived"
+        return 1, f"error: no round changed the global model ({why}); logs under {result}"
+    return 0, (
+        f"{len(updated)} of {len(rows)} round(s) changed the global model ({status}); metrics: {found[-1]}"
+    )
