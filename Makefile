@@ -4,6 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fedweigh-installed
 DEV_STAMP := $(VENV)/.fedweigh-dev-installed
+# `make demo CPU=1` (also setup, test): torch's CPU-only wheel first, so that no CUDA library is
+# installed; takes effect when the venv is created (a fresh clone, or after `rm -rf .venv`)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_CPU = $(if $(filter 1,$(CPU)),$(PY) -m pip install -q --disable-pip-version-check --index-url $(TORCH_CPU_INDEX) "torch>=2.4",@:)
 
 .PHONY: setup dev demo test test-fast mutation lint jobs clean
 
@@ -11,6 +15,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(TORCH_CPU)
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	@touch $(STAMP)
 
@@ -20,6 +25,7 @@ dev: $(DEV_STAMP)
 # one pip run for the package and its test tools (a second run would resolve every dependency again)
 $(DEV_STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(TORCH_CPU)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
 	@touch $(STAMP) $(DEV_STAMP)
 

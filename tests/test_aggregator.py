@@ -181,3 +181,63 @@ def test_a_result_replayed_in_a_later_round_is_refused():
     agg.accept_model(_result("site-2", 10, 3.0))
     agg.aggregate_model()
     assert set(agg.last_weights) == {"site-2"}
+
+
+class _StockWorkflow:
+    """What stock NVFlare FedAvg holds and sets: the aggregator as an argument (it never gets an
+    FLContext of its own), ``num_rounds``, and its own FLContext with NUM_ROUNDS, CURRENT_ROUND and
+    the global model."""
+
+    def __init__(self, aggregator: FedweighAggregator, num_rounds: int):
+        self.aggregator, self.num_rounds = aggregator, num_rounds
+        self.fl_ctx = FLContext()
+        self.fl_ctx.set_prop(AppConstants.NUM_ROUNDS, num_rounds, private=True, sticky=False)
+
+    def round(self, current_round: int, g: dict, results: list[FLModel]) -> FLModel:
+        self.current_round = current_round
+        self.fl_ctx.set_prop(AppConstants.CURRENT_ROUND, current_round, private=True, sticky=False)
+        learnable = FLModelUtils.to_model_learnable(FLModel(params_type=ParamsType.FULL, params=g))
+        self.fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, learnable, private=True, sticky=True)
+        self.aggregator.reset_stats()
+        for r in results:
+            self.aggregator.accept_model(r)
+        return self.aggregator.aggregate_model()
+
+
+def test_feddraw_takes_num_rounds_and_the_round_from_the_stock_workflow():
+    """FedAvgRecipe(num_rounds=3, aggregator=FedweighAggregator("feddraw")): the schedules run over
+    the workflow's 3 rounds, not 1 (which gave equal weights every round)."""
+    from fedweigh.weighting import get_scheme
+    from fedweigh.weighting.base import ClientReport
+
+    rng = np.random.default_rng(3)
+    steps = {"site-1": 2, "site-2": 5, "site-3": 3}
+    agg = FedweighAggregator(scheme="feddraw", max_share=None, update_norm_bound=None, min_update_cosine=None)
+    workflow = _StockWorkflow(agg, num_rounds=3)
+    reference = get_scheme("feddraw")
+    g = {"w": rng.normal(size=(4, 3))}
+    for t in range(1, 4):
+        trained = {s: {k: v + rng.normal(0, 0.1, v.shape) for k, v in g.items()} for s in steps}
+        out = workflow.round(t - 1, g, [_stock_result(s, n, trained[s]) for s, n in steps.items()])
+        reports = [
+            ClientReport(name=s, num_samples=n, num_steps=n, params=trained[s]) for s, n in steps.items()
+        ]
+        w = np.asarray(reference.weights(reports, g, t, 3))
+        assert agg.last_weights == pytest.approx(dict(zip(steps, w, strict=True)), abs=1e-12), t
+        g = {k: np.asarray(v) for k, v in out.params.items()}
+    assert max(abs(v - n / 10) for v, n in zip(agg.last_weights.values(), steps.values(), strict=True)) > 1e-3
+
+
+def test_rounds_beyond_the_aggregators_num_rounds_are_warned_about():
+    agg = FedweighAggregator(scheme="fedavg", num_rounds=2, min_update_cosine=None)
+    warnings: list[str] = []
+    agg.warning = warnings.append
+    workflow = _StockWorkflow(agg, num_rounds=2)
+    g = {"w": np.zeros(3)}
+    for current in range(3):  # the third round is beyond num_rounds=2
+        workflow.round(current, g, [_result("site-1", 10, 1.0), _result("site-2", 10, -1.0)])
+    assert any("round 3 exceeds num_rounds=2" in w for w in warnings), warnings
+    other = FedweighAggregator(scheme="fedavg", num_rounds=5, min_update_cosine=None)
+    other.warning = (seen := []).append
+    _StockWorkflow(other, num_rounds=3).round(0, g, [_result("site-1", 10, 1.0), _result("site-2", 10, 1.0)])
+    assert any("num_rounds=5 but the workflow runs 3 rounds" in w for w in seen), seen

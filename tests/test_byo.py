@@ -180,20 +180,27 @@ def test_recipe_ships_the_users_script_and_model(tmp_path):
 def test_recipe_takes_a_monai_network_and_an_initial_checkpoint(tmp_path, monkeypatch):
     from monai.networks.nets import DenseNet121
 
-    net = DenseNet121(spatial_dims=2, in_channels=1, out_channels=3)
+    args = {"spatial_dims": 2, "in_channels": 1, "out_channels": 3}
+    net = DenseNet121(**args)
     monkeypatch.chdir(tmp_path)
     torch.save(net.state_dict(), "start.pt")
+    # DenseNet121 keeps no copy of its arguments: NVFlare would export it with args {}, which the
+    # server cannot build, so the module itself is refused, naming the dict form to give
+    with pytest.raises(
+        ConfigError, match='pass model=\\{"class_path": "monai.networks.nets.densenet.DenseNet121"'
+    ):
+        FedDRAWRecipe(name="monai", min_clients=2, train_script=str(EXAMPLE / "train.py"), model=net)
     recipe = FedDRAWRecipe(
         name="monai",
         min_clients=2,
         train_script=str(EXAMPLE / "train.py"),
-        model=net,
+        model={"class_path": "monai.networks.nets.DenseNet121", "args": args},
         initial_ckpt="start.pt",
     )
     recipe.export(str(tmp_path / "jobs"))
     job = tmp_path / "jobs" / "monai"
     persistor = _component(_server_config(job), "persistor")["args"]
-    assert persistor["model"]["path"].endswith("DenseNet121")
+    assert persistor["model"] == {"path": "monai.networks.nets.DenseNet121", "args": args}
     assert persistor["source_ckpt_file_full_name"] == "start.pt"
     assert (job / "app" / "custom" / "start.pt").is_file()
     # the sites import MONAI from their installation: the job carries none of its sources (NVFlare's

@@ -47,11 +47,11 @@ def test_demo_runs_the_feddraw_job_and_prints_the_round_table(tmp_path, monkeypa
 
     out = capsys.readouterr().out
     lines = out.splitlines()
-    header = lines.index("round  test_auc  test_gm   val_auc   val_gm")
+    header = lines.index("round  test_auc  test_gm   val_auc   val_gm    model")
     table = [line.split() for line in lines[header + 1 : header + 1 + len(ROWS)]]
     for cells, row in zip(table, ROWS, strict=True):
         assert int(cells[0]) == row["round"]
-        for cell, key in zip(cells[1:], ("test_auc", "test_gm", "val_auc", "val_gm"), strict=True):
+        for cell, key in zip(cells[1:5], ("test_auc", "test_gm", "val_auc", "val_gm"), strict=True):
             if math.isnan(row[key]):
                 assert cell == "-"
             else:

@@ -47,7 +47,9 @@ def test_demo_prints_rounds_and_keeps_the_logs_in_a_file(tmp_path, monkeypatch, 
     assert rc == 0, out
     log = tmp_path / "ws.log"
     assert f"simulator log: {log}" in out
-    assert "round 1/2:  test AUC 0.7000  val AUC 0.5500  weights site-1 0.25 site-2 0.75" in out
+    assert (
+        "round 1/2:  test AUC 0.7000  val AUC 0.5500  model updated, weights site-1 0.25 site-2 0.75" in out
+    )
     assert "round 2/2:  test AUC 0.8000" in out
     assert "very long simulator log line" not in out
     assert "very long simulator log line" in log.read_text() and "something the log keeps" in log.read_text()

@@ -93,3 +93,26 @@ def test_deploy_guide_commands_export_jobs_for_the_shipped_hospitals(tmp_path, m
         out = Path(argv[argv.index("--out") + 1])
         for name in [a for a in argv[3:] if not a.startswith("-") and a != str(out) and not a.isdigit()]:
             assert _min_clients(tmp_path / out / name) == (_hospitals(), _hospitals()), argv
+
+
+def test_export_sets_rounds_scenario_architecture_and_image_size(tmp_path, capsys):
+    argv = ["jobs", "export", "--rounds", "2", "--scenario", "label-a0.5", "--arch", "vit", "--size", "48"]
+    assert main([*argv, "--out", str(tmp_path), "synthcxr_fedavg"]) == 0
+    job = tmp_path / "synthcxr_fedavg" / "app" / "config"
+    server = json.loads((job / "config_fed_server.json").read_text())
+    controller = next(w for w in server["workflows"] if w["id"] == "controller")
+    assert controller["args"]["num_rounds"] == 2
+    persistor = next(c for c in server["components"] if c["id"] == "persistor")
+    assert persistor["args"]["model"]["args"]["arch"] == "vit"
+    assert persistor["args"]["model"]["args"]["img_size"] == 48
+    client = json.loads((job / "config_fed_client.json").read_text())
+    script_args = client["executors"][0]["executor"]["args"]["task_script_args"].split()
+    assert script_args[script_args.index("--scenario") + 1] == "label-a0.5"
+    assert script_args[script_args.index("--arch") + 1] == "vit"
+    assert script_args[script_args.index("--size") + 1] == "48"
+    # a misspelt scenario is the recipe's one-line error; options need --out like --min-clients
+    capsys.readouterr()
+    assert main(["jobs", "export", "--scenario", "iid-5", "--out", str(tmp_path), "synthcxr_fedavg"]) == 2
+    assert "scenario = 'iid-5' (str) is not allowed; choose one of iid-4" in capsys.readouterr().err
+    assert main(["jobs", "export", "--rounds", "3"]) == 2
+    assert capsys.readouterr().err.startswith("error: --rounds 3 needs --out DIR")

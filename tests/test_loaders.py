@@ -109,7 +109,7 @@ def test_npz_missing_file(tmp_path):
 def test_npz_not_an_archive(tmp_path):
     text = tmp_path / "notes.npz"
     text.write_text("this is not a zip archive")
-    with pytest.raises(DatasetFormatError, match=r"notes\.npz: not a readable \.npz"):
+    with pytest.raises(DatasetFormatError, match=r"notes\.npz: not an \.npz archive"):
         load_medmnist_npz(text)
     single = tmp_path / "array.npz"
     with single.open("wb") as f:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 import tomllib
 from packaging.requirements import Requirement
 
@@ -120,3 +122,25 @@ def test_every_distribution_the_tests_import_is_declared_for_make_test():
     # pytest plugins and packaging come with the dev extra's pytest itself
     undeclared.pop("packaging", None)
     assert not undeclared, f"tests import these without a declaration in pyproject.toml: {undeclared}"
+
+
+def _make_dry_run(target: str, *overrides: str, tmp_path) -> list[str]:
+    out = subprocess.run(
+        ["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line for line in out.splitlines() if "pip install" in line]
+
+
+@pytest.mark.parametrize("target", ["setup", "dev"])
+def test_make_cpu_1_installs_the_cpu_torch_wheel_before_the_package(target, tmp_path):
+    installs = _make_dry_run(target, "CPU=1", tmp_path=tmp_path)
+    assert len(installs) == 2, installs
+    assert "--index-url https://download.pytorch.org/whl/cpu" in installs[0] and "torch" in installs[0]
+    assert " -e " in installs[1] and "--index-url" not in installs[1]
+    # without CPU=1 only the package is installed, from PyPI
+    plain = _make_dry_run(target, tmp_path=tmp_path)
+    assert len(plain) == 1 and "--index-url" not in plain[0], plain

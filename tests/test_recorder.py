@@ -31,7 +31,8 @@ def test_recorder_writes_json_csv_and_plots(tmp_path):
     # the plots show the rows: weights as a stacked area (site-10 after site-2), AUC and GM by round
     assert_weights_plot(figures[tmp_path / "fedweigh_client_weights.png"], rows[1:])
     shown = lines(figures[tmp_path / "fedweigh_auc_by_round.png"].axes[0])
-    assert set(shown) == {"test_auc", "test_gm"}
-    for key in shown:
-        np.testing.assert_array_equal(shown[key][0], [0, 1, 2])
-        np.testing.assert_array_equal(shown[key][1], [r[key] for r in rows])
+    # GM needs a threshold: the plot says which (0.5, the sites' default)
+    assert set(shown) == {"test AUC", "test GM at threshold 0.5"}
+    for label, key in (("test AUC", "test_auc"), ("test GM at threshold 0.5", "test_gm")):
+        np.testing.assert_array_equal(shown[label][0], [0, 1, 2])
+        np.testing.assert_array_equal(shown[label][1], [r[key] for r in rows])

@@ -90,7 +90,12 @@ class _Checker:
 
 
 def check_loader_options(source: str, dataset: str, options: Any) -> None:
-    """Loader options a dataset requires (``images_csv``: its label columns, ...)."""
+    """Loader options the dataset's loader takes (a misspelt key names the field and the keys it
+    takes) and those a dataset requires (``images_csv``: its label columns, ...)."""
+    from fedweigh.data.pools import DATASETS, check_loader_option_names
+
+    if dataset in DATASETS and isinstance(options, dict):
+        check_loader_option_names(dataset, options, source)
     if dataset == "images_csv" and isinstance(options, dict):
         from fedweigh.data.folder import check_options
 

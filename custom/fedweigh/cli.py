@@ -45,16 +45,22 @@ def find_server_app_dir(workspace: Path) -> Path | None:
 
 
 def format_round_table(rows: list[dict]) -> str:
-    """round | test AUC | test GM | val AUC (the global model after that many rounds)."""
+    """round | test AUC | test GM at 0.5 | val AUC | val GM | whether that round changed the model
+    (round t: the global model after t rounds; 0: the initial model)."""
 
     def fmt(v) -> str:
         return f"{v:.4f}" if isinstance(v, float) and math.isfinite(v) else "   -  "
 
-    lines = ["round  test_auc  test_gm   val_auc   val_gm"]
+    def model(r: dict) -> str:
+        if r["round"] == 0:
+            return "initial"
+        return "kept" if r.get("global_updated") is False or not r.get("weights") else "updated"
+
+    lines = ["round  test_auc  test_gm   val_auc   val_gm    model"]
     for r in rows:
         lines.append(
             f"{r['round']:>5}  {fmt(r.get('test_auc'))}    {fmt(r.get('test_gm'))}    "
-            f"{fmt(r.get('val_auc'))}    {fmt(r.get('val_gm'))}"
+            f"{fmt(r.get('val_auc'))}    {fmt(r.get('val_gm'))}    {model(r)}"
         )
     return "\n".join(lines)
 
@@ -74,17 +80,28 @@ def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int |
     return subprocess.call(cmd)
 
 
+def _has_scores(row: dict) -> bool:
+    return any(isinstance(row.get(k), float) and math.isfinite(row[k]) for k in ("test_auc", "val_auc"))
+
+
 def format_progress(row: dict, num_rounds: int | None = None) -> str:
-    """One line per finished round: the global model's scores and the sites' weights."""
+    """One line per round t (the global model after t rounds): its scores, and whether round t
+    changed the model (the sites' weights) or not (why: the sites whose results were left out)."""
     of = f"/{num_rounds}" if num_rounds else ""
     parts = [f"round {row['round']}{of}:"]
     for key, label in (("test_auc", "test AUC"), ("val_auc", "val AUC")):
         value = row.get(key)
         if isinstance(value, float) and math.isfinite(value):
             parts.append(f"{label} {value:.4f}")
+    if not _has_scores(row):
+        parts.append("not scored (no site evaluated this model)")
     weights = row.get("weights") or {}
-    if weights:
-        parts.append("weights " + " ".join(f"{k} {v:.2f}" for k, v in sorted(weights.items())))
+    if row.get("global_updated") is False or (not weights and row.get("round", 0) >= 1):
+        excluded = row.get("excluded") or {}
+        why = "; ".join(f"{site}: {reason}" for site, reason in excluded.items()) or "no site result arrived"
+        parts.append(f"model unchanged, round {row['round'] - 1}'s kept ({why})")
+    elif weights:
+        parts.append("model updated, weights " + " ".join(f"{k} {v:.2f}" for k, v in sorted(weights.items())))
     return "  ".join(parts)
 
 
@@ -107,29 +124,108 @@ def run_simulator_with_progress(
 ) -> int:
     """Run the simulator with its logs in ``log_path`` and print one line per finished round."""
     cmd = simulator_command(job_dir, workspace, n_clients)
-    num_rounds = None
-    try:
-        import json
-
-        server = json.loads((job_dir / "app" / "config" / "config_fed_server.json").read_text())
-        num_rounds = next(w["args"].get("num_rounds") for w in server["workflows"] if w["id"] == "controller")
-    except (OSError, ValueError, StopIteration, KeyError):
-        pass
+    num_rounds = job_num_rounds(job_dir)
     print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
     print(f"simulator log: {log_path}", flush=True)
     since = time.time() - 1.0
-    shown = 0
+    shown: set[int] = set()
     with streamed_log(log_path) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         while True:
             rc = proc.poll()
-            rows = [r for r in _fresh_rows(workspace, since) if r.get("round", 0) >= 1]
-            for row in rows[shown:]:
-                print(format_progress(row, num_rounds), flush=True)
-            shown = max(shown, len(rows))
+            # a round's line once its model is scored (the sites score it when the next round starts,
+            # the last one at the end), or when the run has ended
+            for row in _fresh_rows(workspace, since):
+                t = row.get("round", 0)
+                if t >= 1 and t not in shown and (_has_scores(row) or rc is not None):
+                    print(format_progress(row, num_rounds), flush=True)
+                    shown.add(t)
             if rc is not None:
                 return rc
             time.sleep(poll_s)
+
+
+def _server_config(job_dir: Path) -> dict:
+    """The server app's ``config_fed_server.json`` of the job folder ``job_dir`` ({} if none)."""
+    import json
+
+    try:
+        deploy_map = json.loads((job_dir / "meta.json").read_text()).get("deploy_map") or {}
+    except (OSError, ValueError):
+        deploy_map = {}
+    apps = [app for app, sites in deploy_map.items() if {"server", "@ALL"} & set(sites)] or ["app"]
+    for app in apps:
+        path = job_dir / app / "config" / "config_fed_server.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                return {}
+    return {}
+
+
+def job_min_clients(job_dir: Path) -> tuple[int, str] | None:
+    """The most sites the job ``job_dir`` waits for, and where it says so (its ``meta.json`` or a
+    workflow's ``min_clients``); None when it names no number."""
+    import json
+
+    found: list[tuple[int, str]] = []
+    try:
+        meta_min = json.loads((job_dir / "meta.json").read_text()).get("min_clients")
+    except (OSError, ValueError):
+        meta_min = None
+    if isinstance(meta_min, int):
+        found.append((meta_min, "meta.json min_clients"))
+    for workflow in _server_config(job_dir).get("workflows", []):
+        value = (workflow.get("args") or {}).get("min_clients")
+        if isinstance(value, int):
+            found.append((value, f"workflow {workflow.get('id', '?')!r} min_clients"))
+    return max(found) if found else None
+
+
+def is_fedweigh_job(job_dir: Path) -> bool:
+    """Whether the job's server runs the fedweigh controller (which writes the metrics the demo shows)."""
+    return any(
+        str(w.get("path", "")).startswith("fedweigh.") for w in _server_config(job_dir).get("workflows", [])
+    )
+
+
+def job_num_rounds(job_dir: Path) -> int | None:
+    """The job's number of rounds: its controller's ``num_rounds``, else the controller's default."""
+    import importlib
+    import inspect
+
+    for workflow in _server_config(job_dir).get("workflows", []):
+        rounds = (workflow.get("args") or {}).get("num_rounds")
+        if isinstance(rounds, int):
+            return rounds
+        module, _, name = str(workflow.get("path", "")).rpartition(".")
+        try:  # NVFlare writes only the arguments that differ from the class's defaults
+            default = inspect.signature(getattr(importlib.import_module(module), name)).parameters[
+                "num_rounds"
+            ]
+        except (ImportError, AttributeError, KeyError, ValueError):
+            continue
+        if isinstance(default.default, int):
+            return default.default
+    return None
+
+
+def check_demo_clients(job_dir: Path, clients: int) -> None:
+    """A ValueError naming the job's min_clients when ``clients`` sites are fewer (NVFlare would
+    end with ``min_responses ... must be less than length of targets`` in a log)."""
+    needed = job_min_clients(job_dir)
+    if needed is None or clients >= needed[0]:
+        return
+    fix = f"run it with --clients {needed[0]}"
+    if (_repo_jobs_dir() / job_dir.name).is_dir():
+        fix += (
+            f", or export it for {clients} sites: fedweigh jobs export --min-clients {clients} --out my_jobs "
+            f"{job_dir.name} and run fedweigh demo --job my_jobs/{job_dir.name} --clients {clients}"
+        )
+    raise ValueError(
+        f"--clients {clients}: job {job_dir.name} needs at least {needed[0]} sites ({needed[1]}); {fix}"
+    )
 
 
 def _client_args_of(job_dir: Path):
@@ -195,17 +291,26 @@ def youden_report(job_dir: Path, model_path: Path, n_clients: int) -> dict:
     }
 
 
-def format_youden(report: dict) -> str:
-    """The demo's line on GM at the Youden thresholds, naming the thresholds it used."""
+def format_youden(report: dict, width: int = 100) -> str:
+    """The demo's lines on GM at the Youden thresholds: both GMs, where the thresholds come from, and
+    the thresholds (a finding and its threshold never split across lines)."""
     values = sorted(report["thresholds"].values())
-    shown = ", ".join(f"{name} {t:.3f}" for name, t in report["thresholds"].items())
     default = report.get("at_default") or []
-    note = f"; 0.5 for {len(default)} finding(s) validation shows only one way" if default else ""
-    return (
-        f"GM {report['gm_youden']:.4f} at per-finding Youden thresholds (max TPR - FPR on the sites' "
-        f"{report['val_images']} validation images, never the test set; {values[0]:.3f}..{values[-1]:.3f}: "
-        f"{shown}{note}); GM {report['gm_05']:.4f} at threshold 0.5"
-    )
+    lines = [
+        f"GM {report['gm_youden']:.4f} at per-finding Youden thresholds; GM {report['gm_05']:.4f} at threshold 0.5",
+        f"  thresholds: max TPR - FPR on the sites' {report['val_images']} validation images, never the test set",
+    ]
+    if default:
+        lines.append(f"  0.5 for {len(default)} finding(s) validation shows only one way")
+    current = f"  {values[0]:.3f}..{values[-1]:.3f}:"
+    for name, t in report["thresholds"].items():
+        item = f" {name} {t:.3f}"
+        if len(current) + len(item) > width:
+            lines.append(current)
+            current = "   "
+        current += item
+    lines.append(current)
+    return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -215,6 +320,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not (job_dir / "meta.json").is_file():
         print(f"error: {job_dir} is not an NVFlare job folder (no meta.json); run `fedweigh jobs export`")
         return 2
+    check_demo_clients(job_dir, args.clients)
     workspace = Path(args.workspace or f"workspaces/demo_{job_dir.name}").resolve()
     log_path = workspace.parent / f"{workspace.name}.log"
     start = time.perf_counter()
@@ -224,11 +330,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         rc = run_simulator_with_progress(job_dir, workspace, args.clients, log_path)
     wall = time.perf_counter() - start
     app = find_server_app_dir(workspace)
-    if rc != 0 or app is None:
-        where = workspace if args.show_logs else log_path
+    where = workspace if args.show_logs else log_path
+    if rc != 0:
         print(f"error: the simulator run failed (exit code {rc}); see {where}")
-        return rc or 1
+        return rc
+    if app is None and not is_fedweigh_job(job_dir):
+        print(
+            f"{job_dir.name}: the simulator run finished (exit code 0) in {wall:.0f} s. It is not a fedweigh "
+            f"job (its server runs no fedweigh controller), so there is no fedweigh round table; its "
+            f"results are in {workspace} and its log in {where}"
+        )
+        return 0
+    if app is None:
+        print(
+            f"error: the simulator ended (exit code 0) but the fedweigh controller wrote no {METRICS_JSON}; "
+            f"see {where}"
+        )
+        return 1
     rows = load_rows(app / METRICS_JSON)
+    num_rounds = job_num_rounds(job_dir)
     print()
     print(f"{job_dir.name}: global model by round (simulator, {args.clients} sites, {wall:.0f} s)")
     print(format_round_table(rows))
@@ -240,29 +360,73 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "probabilities reach 0.5, so GM at 0.5 stays low while AUC, which needs no threshold, ranks "
             "the model)"
         )
-    models = sorted(workspace.rglob("FL_global_model.pt"))
-    if "test_auc" in final and models:
+    # the model the table's last row scores: the final global model (not NVFlare's best-model pick)
+    final_model = app / FINAL_MODEL if (app / FINAL_MODEL).is_file() else None
+    if final_model is None:
+        final_model = next(iter(sorted(workspace.rglob(FINAL_MODEL))), None)
+    if "test_auc" in final and final_model is not None:
         try:
-            print(format_youden(youden_report(job_dir, models[-1], args.clients)))
+            report = youden_report(job_dir, final_model, args.clients)
         except Exception as e:  # the run's result stands; say why this extra score is missing
             print(f"GM at Youden thresholds: not computed ({type(e).__name__}: {e})")
+        else:
+            print(format_youden(report))
+            _replot_with_youden(app, rows, (final["round"], report["gm_youden"]))
     print(f"metrics:  {app / METRICS_JSON} (and {METRICS_CSV})")
     for plot in (WEIGHTS_PLOT, AUC_PLOT):
         if (app / plot).is_file():
             print(f"plot:     {app / plot}")
-    models = sorted(p for p in workspace.rglob("*.pt"))
-    if models:
-        print(f"model:    {models[-1]}")
+    if final_model is not None:
+        of = f" of {num_rounds}" if num_rounds else ""
+        print(
+            f"model:    {final_model} (the global model after round {final.get('round', '?')}{of}, the table's last row)"
+        )
+    best = next(iter(sorted(workspace.rglob(BEST_MODEL))), None)
+    if best is not None:
+        print(f"best:     {best} (NVFlare's model selector: the global model with the sites' best val_auc)")
     print(f"tensorboard: tensorboard --logdir {workspace}")
+    print(
+        "rounds:   round t is the global model after t aggregations (0: the initial model); NVFlare's logs count from 0"
+    )
     return 0
+
+
+#: The final global model NVFlare's persistor saves, and its best-model pick (by the key metric).
+FINAL_MODEL = "FL_global_model.pt"
+BEST_MODEL = "best_FL_global_model.pt"
+
+
+def _replot_with_youden(app: Path, rows: list[dict], youden: tuple[int, float]) -> None:
+    """Redraw the run's metric plot with the final model's GM at the Youden thresholds."""
+    import json
+
+    from fedweigh.server.records import RoundRecorder
+
+    try:
+        scheme = json.loads((app / METRICS_JSON).read_text()).get("scheme", "")
+    except (OSError, ValueError):
+        scheme = ""
+    RoundRecorder(app, scheme, rows).plot(youden=youden)
 
 
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     from fedweigh.flare.jobs import export_jobs
 
-    if args.min_clients is not None and args.out is None:
+    changed = {
+        flag: value
+        for flag, value in (
+            ("--min-clients", args.min_clients),
+            ("--rounds", args.rounds),
+            ("--scenario", args.scenario),
+            ("--arch", args.arch),
+            ("--size", args.size),
+        )
+        if value is not None
+    }
+    if changed and args.out is None:
+        flag, value = next(iter(changed.items()))
         raise ValueError(
-            f"--min-clients {args.min_clients} needs --out DIR: {_repo_jobs_dir()} holds the catalogue's "
+            f"{flag} {value} needs --out DIR: {_repo_jobs_dir()} holds the catalogue's "
             "own jobs, which the tests compare with a fresh export"
         )
     out = args.out or str(_repo_jobs_dir())
@@ -272,6 +436,10 @@ def cmd_jobs_export(args: argparse.Namespace) -> int:
         bundle=args.bundle,
         site_installed=args.site_installed,
         min_clients=args.min_clients,
+        num_rounds=args.rounds,
+        scenario=args.scenario,
+        arch=args.arch,
+        size=args.size,
     ):
         print(f"exported {path}")
     return 0
@@ -297,13 +465,18 @@ def cmd_site_check(args: argparse.Namespace) -> int:
             "no site data config: give its path, or run from the site's kit folder (local/fedweigh_site.json)"
         )
     cfg = SiteDataConfig.from_file(path)
-    print(f"{path}: valid ({cfg.dataset}, {cfg.size} px)")
-    if args.load:
+    if not args.load:
+        print(f"{path}: valid ({cfg.dataset}, {cfg.size} px); its data not read (--load reads them)")
+        return 0
+    try:  # "valid" only once the data it names have been read: never "valid" and then an error
         site, test = load_site_from_config(args.site_name, cfg)
-        print(
-            f"{args.site_name}: {len(site.train)} training and {len(site.val)} validation images, "
-            f"{len(test)} test images, {site.train.num_classes} classes ({site.train.task})"
-        )
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: the data it names cannot be read: {e}") from e
+    print(f"{path}: valid ({cfg.dataset}, {cfg.size} px)")
+    print(
+        f"{args.site_name}: {len(site.train)} training and {len(site.val)} validation images, "
+        f"{len(test)} test images, {site.train.num_classes} classes ({site.train.task})"
+    )
     return 0
 
 
@@ -329,7 +502,22 @@ def cmd_policy(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The sub-commands whose parsers import torch, MONAI or the bench (seconds): built only when named.
+HEAVY_COMMANDS = {
+    "explain": "gradient attention-rollout heatmaps of a ViT global model on test images (PNG)",
+    "bench": "compare weighting methods across the client-partition scenarios (docs/bench.md)",
+}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The sub-command named in ``argv`` (its first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``fedweigh`` parser. With ``argv``, only the sub-command it names gets its full parser
+    among :data:`HEAVY_COMMANDS` (the others are listed by name and help), so that ``fedweigh --help``,
+    ``--version`` and the light commands never import torch or MONAI; without, every parser is full."""
     p = argparse.ArgumentParser(prog="fedweigh", description=__doc__)
     p.add_argument("--version", action="version", version=f"fedweigh {package_version()}")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -360,6 +548,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sites each job waits for and needs per round (default: the catalogue's, 4); "
         "e.g. 3 for the shipped 3-hospital project; needs --out",
+    )
+    export.add_argument(
+        "--rounds", type=_positive_int, default=None, metavar="N", help="training rounds; needs --out"
+    )
+    export.add_argument(
+        "--scenario", default=None, help="client-partition scenario (`fedweigh scenarios`); needs --out"
+    )
+    export.add_argument(
+        "--arch", default=None, help="network: densenet_compact, densenet121 or vit; needs --out"
+    )
+    export.add_argument(
+        "--size", type=_positive_int, default=None, metavar="PX", help="image side in pixels; needs --out"
     )
     code = export.add_mutually_exclusive_group()
     code.add_argument(
@@ -399,11 +599,18 @@ def build_parser() -> argparse.ArgumentParser:
     scen = sub.add_parser("scenarios", help="list the client-partition scenarios")
     scen.set_defaults(func=cmd_scenarios)
 
-    from fedweigh.bench.cli import add_bench_parser
-    from fedweigh.explain.command import add_explain_parser
+    command = None if argv is None else _command_of(argv)
+    for name, help_text in HEAVY_COMMANDS.items():
+        if argv is not None and command != name:
+            sub.add_parser(name, help=help_text)
+        elif name == "explain":
+            from fedweigh.explain.command import add_explain_parser
 
-    add_explain_parser(sub)
-    add_bench_parser(sub)
+            add_explain_parser(sub)
+        else:
+            from fedweigh.bench.cli import add_bench_parser
+
+            add_bench_parser(sub)
     return p
 
 
@@ -417,7 +624,8 @@ def error_line(exc: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command; an error prints one line (``--debug`` shows the traceback) and returns 2."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

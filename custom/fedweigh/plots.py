@@ -35,8 +35,12 @@ def plot_client_weights(
     path: str | Path,
     title: str = "",
     reference: Mapping[str, float] | None = None,
+    skipped: Sequence[int] = (),
 ) -> Path:
     """Stacked area of each site's aggregation weight per round (one band, one colour per site).
+
+    ``skipped``: rounds that did not aggregate (the global model was kept); they are shaded and
+    labelled, and the bands are not drawn through them (no interpolation across a skipped round).
 
     Sites absent from a round (partial participation) contribute 0 there. Weights that do not sum to
     one (FedNova acts on deltas with an effective step) are drawn as given. ``reference`` (e.g. the
@@ -50,10 +54,18 @@ def plot_client_weights(
     matrix = np.array([[float(w.get(s, 0.0)) for w in weights] for s in sites])
     colours = site_colours(len(sites))
     fig, ax = plt.subplots(figsize=(7, 4))
-    if len(sites) > 20:
-        ax.stackplot(rounds, matrix, colors=colours)
-    else:
-        ax.stackplot(rounds, matrix, labels=sites, colors=colours)
+    for first, (x, block) in enumerate(_segments(list(rounds), matrix, set(skipped))):
+        labelled = {} if len(sites) > 20 or first else {"labels": sites}
+        ax.stackplot(x, block, colors=colours, **labelled)
+    for i, r in enumerate(sorted(set(skipped))):
+        ax.axvspan(
+            r - 0.4,
+            r + 0.4,
+            color="0.85",
+            hatch="//",
+            zorder=0,
+            label="no aggregation (model kept)" if i == 0 else None,
+        )
     if reference:
         edges = np.cumsum([float(reference.get(s, 0.0)) for s in sites])
         for i, edge in enumerate(edges[:-1]):
@@ -65,11 +77,35 @@ def plot_client_weights(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("aggregation weight")
-    ax.set_xlim(min(rounds), max(rounds)) if len(rounds) > 1 else None
+    every = [*rounds, *skipped]
+    ax.set_xlim(min(every) - (0.5 if skipped else 0), max(every) + (0.5 if skipped else 0)) if len(
+        every
+    ) > 1 else None
     ax.set_title(title or "client weights by round")
     fig.tight_layout()
     out = write_figure(path, fig, dpi=110)
     plt.close(fig)
+    return out
+
+
+def _segments(
+    rounds: list[int], matrix: np.ndarray, skipped: set[int]
+) -> list[tuple[list[float], np.ndarray]]:
+    """Runs of aggregated rounds not broken by a skipped round; a lone round becomes a narrow band
+    (x - 0.4 .. x + 0.4) so that it shows."""
+    runs: list[list[int]] = []
+    for i, r in enumerate(rounds):
+        if runs and not any(rounds[runs[-1][-1]] < s < r for s in skipped):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out = []
+    for run in runs:
+        x = [float(rounds[i]) for i in run]
+        block = matrix[:, run]
+        if len(run) == 1:
+            x, block = [x[0] - 0.4, x[0] + 0.4], np.repeat(block, 2, axis=1)
+        out.append((x, block))
     return out
 
 
@@ -79,14 +115,18 @@ def plot_metric_by_round(
     path: str | Path,
     ylabel: str,
     title: str = "",
+    points: Mapping[str, tuple[int, float]] | None = None,
 ) -> Path:
-    """One line per series (e.g. test AUC, test GM) against the round."""
+    """One line per series (e.g. test AUC, test GM) against the round; ``points``: single labelled
+    values (e.g. the final model's GM at other thresholds), drawn as stars."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     from matplotlib.ticker import MaxNLocator
 
     for name, values in series.items():
         ax.plot(rounds, values, marker="o", label=name)
+    for name, (x, y) in (points or {}).items():
+        ax.plot([x], [y], marker="*", markersize=14, linestyle="none", label=name)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(ylabel)

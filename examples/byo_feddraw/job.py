@@ -10,11 +10,12 @@ BaselineRecipe, ...).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from model import TinyNet
 
-from fedweigh.flare.recipes import FedDRAWRecipe
+from fedweigh.flare.recipes import FedDRAWRecipe, run_outcome
 
 HERE = Path(__file__).resolve().parent
 
@@ -48,4 +49,6 @@ if __name__ == "__main__":
     else:
         from nvflare.recipe import SimEnv
 
-        recipe.execute(SimEnv(num_clients=args.sites, num_threads=args.sites))
+        code, line = run_outcome(recipe.execute(SimEnv(num_clients=args.sites, num_threads=args.sites)))
+        print(line)
+        sys.exit(code)  # a run in which every site failed is a failure, whatever NVFlare's status says

@@ -12,9 +12,11 @@ interface (monai.fl's MonaiAlgo) runs it at each site. The sites find their data
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from fedweigh.flare.monai_bundle_recipe import MonaiBundleRecipe
+from fedweigh.flare.recipes import run_outcome
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,4 +53,6 @@ if __name__ == "__main__":
     else:
         from nvflare.recipe import SimEnv
 
-        recipe.execute(SimEnv(num_clients=args.sites, num_threads=args.sites))
+        code, line = run_outcome(recipe.execute(SimEnv(num_clients=args.sites, num_threads=args.sites)))
+        print(line)
+        sys.exit(code)  # a run in which every site failed is a failure, whatever NVFlare's status says

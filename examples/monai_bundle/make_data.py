@@ -42,7 +42,9 @@ def write_site_data(root: str | Path, site_name: str, num_train: int, num_val: i
         for i, label in enumerate(rng.choice(NUM_CLASSES, size=count, p=mix / mix.sum())):
             name = f"images/{part}_{i:04d}.png"
             Image.fromarray(_image(int(label), rng)).save(folder / name)
-            datalist[part].append({"image": str(folder / name), "label": int(label)})
+            # relative to the site's folder (the bundle's dataset_dir): the list stays valid wherever
+            # the folder is, and whatever folder the site runs in
+            datalist[part].append({"image": name, "label": int(label)})
     (folder / "datalist.json").write_text(json.dumps(datalist, indent=1))
     return folder
 

@@ -20,6 +20,7 @@ from typing import Any
 from fedweigh.bench.profiles import THRESHOLDS, Profile, get_profile
 from fedweigh.checks import check_client_args, check_dataset_path, check_server_values
 from fedweigh.data import DATASETS
+from fedweigh.data.pools import dataset_classes
 from fedweigh.data.scenario_file import load_scenario_file
 from fedweigh.data.scenarios import Scenario, get_scenario
 from fedweigh.errors import ConfigError
@@ -249,6 +250,16 @@ def _check_grid(methods: tuple, scenarios: tuple, seeds: tuple, defs: tuple) -> 
         raise ValueError(f"seeds must be non-negative, got {list(seeds)}")
 
 
+def _scenario_classes(client: ClientArgs) -> tuple[str, ...] | None:
+    """The finding names a scenario file's ``prevalence`` may use; None for a MedMNIST file of
+    unknown classes (they are read from the file)."""
+    if client.dataset == "chestmnist" and "class_names" not in client.loader_options:
+        return None
+    if client.dataset == "chestmnist":
+        return tuple(client.loader_options["class_names"])
+    return dataset_classes(client.dataset, client.loader_options)
+
+
 def _client(prof: Profile, dataset: str, data_path: str | None, overrides: dict) -> ClientArgs:
     """The profile's client settings for ``dataset`` with ``overrides``, checked."""
     if dataset not in DATASETS:
@@ -296,7 +307,7 @@ def make_config(
         raise ValueError(f"threshold must be one of {THRESHOLDS}, got {threshold!r}")
     client = _client(prof, dataset, data_path, client_overrides)
     methods = tuple(methods or prof.default_methods())
-    defs = tuple(load_scenario_file(f) for f in scenario_files)
+    defs = tuple(load_scenario_file(f, _scenario_classes(client)) for f in scenario_files)
     file_names = [d.name for d in defs]
     if len(set(file_names)) != len(file_names):
         raise ValueError(f"two scenario files define the same scenario name: {file_names}")

@@ -113,10 +113,19 @@ def _read_archive(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarr
     """(images, labels) per split of the MedMNIST archive ``path``, read without pickle."""
     if not path.is_file():
         raise FileNotFoundError(f"MedMNIST file not found: {path}")
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    if not head.startswith((b"PK", b"\x93NUMPY")):  # a zip (.npz) or an .npy; numpy would call it pickle
+        raise DatasetFormatError(
+            f"{path}: not an .npz archive (a zip file starts with 'PK', this one with {head[:2]!r}): the "
+            "file is corrupt or of another format; copy or download the MedMNIST .npz again"
+        )
     try:
         archive = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DatasetFormatError(f"{path}: not a readable .npz archive ({exc})") from exc
+        raise DatasetFormatError(
+            f"{path}: a damaged .npz archive ({exc}); copy or download the MedMNIST .npz again"
+        ) from exc
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise DatasetFormatError(
             f"{path}: is a single .npy array, expected an .npz archive with MedMNIST keys"

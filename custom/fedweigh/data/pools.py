@@ -7,6 +7,8 @@ Datasets: ``synthcxr`` (embedded, generated), ``chestmnist`` (a MedMNIST ``.npz`
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from fedweigh.data.chestmnist import load_medmnist_npz
 from fedweigh.data.chexpert import CHEXPERT_FINDINGS, load_chexpert
 from fedweigh.data.digits import DIGIT_CLASSES, load_digits_dataset
 from fedweigh.data.synthcxr import load_synthcxr
+from fedweigh.errors import ConfigError
 
 #: Known dataset names, in the order the CLI lists them.
 DATASETS: tuple[str, ...] = ("synthcxr", "chestmnist", "chexpert", "digits", "images_csv")
@@ -144,6 +147,41 @@ def _concat(a: LabeledImages, b: LabeledImages) -> LabeledImages:
     )
 
 
+#: Each loader's arguments that :func:`load_pool` sets itself (the rest are its ``loader_options``).
+_SET_BY_POOL = {
+    "synthcxr": (load_synthcxr, {"n", "size", "seed"}),
+    "chestmnist": (load_medmnist_npz, {"path", "size"}),
+    "chexpert": (load_chexpert, {"root", "split", "size", "max_images"}),
+    "digits": (load_digits_dataset, {"size"}),
+}
+
+
+def loader_option_names(dataset: str) -> tuple[str, ...]:
+    """The ``loader_options`` keys dataset ``dataset``'s loader takes (its keyword parameters that
+    :func:`load_pool` does not set itself)."""
+    _check_dataset(dataset)
+    if dataset == "images_csv":
+        from fedweigh.data.folder import LOADER_OPTIONS
+
+        return tuple(LOADER_OPTIONS)
+    loader, set_by_pool = _SET_BY_POOL[dataset]
+    return tuple(p for p in inspect.signature(loader).parameters if p not in set_by_pool)
+
+
+def check_loader_option_names(dataset: str, options: dict, source: str = "data loader") -> None:
+    """A :class:`ConfigError` naming the first key of ``options`` that ``dataset``'s loader does not
+    take, with the keys it does take (and the closest one)."""
+    allowed = loader_option_names(dataset)
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            takes = ", ".join(allowed) if allowed else "no options"
+            raise ConfigError(
+                source, f"loader_options.{key}", options[key], f"{hint}{dataset}'s loader takes {takes}"
+            )
+
+
 def load_pool(
     dataset: str,
     data_path: str | Path | None = None,
@@ -171,6 +209,7 @@ def load_pool(
     uncertainty, frontal_only, findings).
     """
     _check_dataset(dataset)
+    check_loader_option_names(dataset, options)
     if num_images is not None and num_images <= 0:
         raise ValueError(f"num_images must be positive, got {num_images}")
     if test_images is not None and (

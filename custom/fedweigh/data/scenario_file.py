@@ -26,8 +26,11 @@ Every error is one line naming the file, the field and what is allowed, e.g.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +68,9 @@ _PROFILE_KEYS = ("contrast", "gamma", "noise_std", "blur_sigma", "offset")
 class _Reader:
     """Checks values of one file and raises :class:`ScenarioFileError` naming file and field."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, class_names: Sequence[str] | None = None):
         self.path = path
+        self.class_names = tuple(class_names) if class_names is not None else None
 
     def fail(self, field: str, expected: str, value: Any) -> None:
         raise ScenarioFileError(
@@ -140,6 +144,13 @@ def _labels(r: _Reader, field: str, value: Any) -> SiteLabels:
     table = value["prevalence"]
     if not isinstance(table, dict) or not table:
         r.fail(f"{field}.prevalence", "a mapping of finding names to fractions", table)
+    for name in table:
+        if r.class_names is not None and str(name) not in r.class_names:
+            close = difflib.get_close_matches(str(name), r.class_names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            r.fail(
+                f"{field}.prevalence", f"the dataset's finding names{hint}: {', '.join(r.class_names)}", name
+            )
     pairs = tuple(
         (str(name), r.number(f"{field}.prevalence.{name}", p, 0, 1, low_open=False, high_open=False))
         for name, p in table.items()
@@ -280,6 +291,13 @@ def _read_sites(r: _Reader, raw_sites: list, partition: str) -> _Sites:
             "every site with a size or every site with a share, not both",
             f"{len(sizes)} sizes and {len(shares)} shares",
         )
+    if shares and abs(sum(shares) - 1.0) > 1e-6:
+        warnings.warn(
+            f"scenario file {r.path.name}: sites[*].share sum to {sum(shares):g}, not 1; each site gets "
+            f"its share divided by {sum(shares):g} of the pool",
+            UserWarning,
+            stacklevel=2,
+        )
     if any(s < 2 for s in sizes):
         r.fail(
             f"sites[{next(i for i, s in enumerate(sizes) if s < 2)}].size",
@@ -317,9 +335,12 @@ def _test_mix(r: _Reader, data: dict, k: int) -> str | tuple[float, ...]:
     return test_mix
 
 
-def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenario:
-    """The :class:`Scenario` a parsed scenario file describes (module docstring); ScenarioFileError otherwise."""
-    r = _Reader(Path(path))
+def scenario_from_mapping(
+    data: dict, path: str | Path = "<mapping>", class_names: Sequence[str] | None = None
+) -> Scenario:
+    """The :class:`Scenario` a parsed scenario file describes (module docstring); ScenarioFileError
+    otherwise. With ``class_names`` (the dataset's), a ``prevalence`` names only those findings."""
+    r = _Reader(Path(path), class_names)
     r.keys("", data, _TOP_KEYS)
     name, description = _name_and_description(r, data, path)
     partition = r.choice("partition", data.get("partition", "sites"), PARTITIONS)
@@ -357,7 +378,8 @@ def scenario_from_mapping(data: dict, path: str | Path = "<mapping>") -> Scenari
         raise ScenarioFileError(f"scenario file {Path(path).name}: {e}") from None
 
 
-def load_scenario_file(path: str | Path) -> Scenario:
-    """The :class:`Scenario` in the JSON (``.json``) or YAML (any other suffix) file ``path``."""
+def load_scenario_file(path: str | Path, class_names: Sequence[str] | None = None) -> Scenario:
+    """The :class:`Scenario` in the JSON (``.json``) or YAML (any other suffix) file ``path``; with
+    ``class_names``, its ``prevalence`` mixes are checked against them."""
     path = Path(path)
-    return scenario_from_mapping(_read_mapping(path), path)
+    return scenario_from_mapping(_read_mapping(path), path, class_names)

@@ -18,6 +18,9 @@ remain, the previous global model is returned unchanged.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import numpy as np
 from nvflare.apis.fl_constant import FLMetaKey
 from nvflare.app_common.abstract.fl_model import FLModel, ParamsType
@@ -61,7 +64,9 @@ class FedweighAggregator(ModelAggregator):
     Args:
         scheme: registry name of the scheme (one that stock FedAvg can feed, see the module docstring).
         scheme_args: options of the scheme.
-        num_rounds: total rounds (schedules such as FedDRAW's need it).
+        num_rounds: total rounds (schedules such as FedDRAW's need it); None (default): the
+            workflow's ``num_rounds`` (stock ``FedAvg``'s, read when the first round is aggregated).
+            A value that differs from the workflow's, or a round beyond it, is logged as a warning.
         min_clients: minimum valid results to update the model.
         max_share: cap on any one site's share of a round's weight ("auto", a number in (0, 1], or
             None: no cap), as in the controller.
@@ -75,7 +80,7 @@ class FedweighAggregator(ModelAggregator):
         self,
         scheme: str = "fedavg",
         scheme_args: dict | None = None,
-        num_rounds: int = 1,
+        num_rounds: int | None = None,
         min_clients: int = 1,
         max_share: float | str | None = "auto",
         update_norm_bound: float | None = DEFAULT_UPDATE_NORM_BOUND,
@@ -100,6 +105,9 @@ class FedweighAggregator(ModelAggregator):
         self._probe: ModelProbe | None | bool = False  # False: not looked up yet
         #: weights of the last aggregation, by site (for inspection and logging)
         self.last_weights: dict[str, float] = {}
+        #: the round count the schedules use (``num_rounds``, else the workflow's once known)
+        self._rounds: int | None = num_rounds
+        self._warned_beyond = False
 
     def accept_model(self, model: FLModel) -> None:
         self._results.append(model)
@@ -137,15 +145,64 @@ class FedweighAggregator(ModelAggregator):
                 self.info(f"candidate global models get the array checks only, no probe batch: {e}")
         return self._probe or None
 
+    def _workflow(self) -> Any:
+        """The workflow calling this aggregator: stock ``FedAvg`` holds it as its ``aggregator``
+        argument and never hands it an FLContext, so it is the caller whose ``aggregator`` is this."""
+        frame = inspect.currentframe()
+        try:
+            while frame is not None:
+                owner = frame.f_locals.get("self")
+                if owner is not self and getattr(owner, "aggregator", None) is self:
+                    return owner
+                frame = frame.f_back
+            return None
+        finally:
+            del frame
+
+    def _round_and_total(self) -> tuple[int, int]:
+        """(this round, 1-based; the round count the schedules use), from the workflow's FLContext
+        (``CURRENT_ROUND``, 0-based, and ``NUM_ROUNDS``) or attributes; warns once when the
+        aggregator's ``num_rounds`` differs from the workflow's or the round passes it."""
+        workflow = self._workflow()
+        if self.fl_ctx is None and workflow is not None:
+            self.fl_ctx = getattr(workflow, "fl_ctx", None)
+        ctx = self.fl_ctx
+        current = ctx.get_prop(AppConstants.CURRENT_ROUND) if ctx is not None else None
+        if current is None:
+            current = getattr(workflow, "current_round", None)
+        workflow_rounds = ctx.get_prop(AppConstants.NUM_ROUNDS) if ctx is not None else None
+        if workflow_rounds is None:
+            workflow_rounds = getattr(workflow, "num_rounds", None)
+        if self._rounds is None:
+            self._rounds = int(workflow_rounds) if workflow_rounds else 1
+            if not workflow_rounds:
+                self.warning(
+                    "FedweighAggregator: the workflow's num_rounds is unknown and none was given; the "
+                    "schedules assume 1 round (pass num_rounds=)"
+                )
+        elif workflow_rounds and int(workflow_rounds) != self._rounds and not self._warned_beyond:
+            self.warning(
+                f"FedweighAggregator: num_rounds={self._rounds} but the workflow runs {int(workflow_rounds)} "
+                "rounds; the schedules use num_rounds"
+            )
+            self._warned_beyond = True
+        round_index = int(current or 0) + 1
+        if round_index > self._rounds and not self._warned_beyond:
+            self.warning(
+                f"FedweighAggregator: round {round_index} exceeds num_rounds={self._rounds}; the schedules "
+                f"stay at round {self._rounds}"
+            )
+            self._warned_beyond = True
+        return min(self._rounds, round_index), self._rounds
+
     def aggregate_model(self) -> FLModel:
         results, self._results = self._results, []
-        current = int(self.fl_ctx.get_prop(AppConstants.CURRENT_ROUND, 0) or 0) if self.fl_ctx else 0
-        round_index = min(self.num_rounds, current + 1)
+        round_index, total = self._round_and_total()
         global_params = self._global_params()
         step = RoundStep(
             self._scheme,
             PlaintextBackend(global_params),
-            num_rounds=self.num_rounds,
+            num_rounds=total,
             safeguards=self._safeguards,
             digests=self._digests,
             probe=self._model_probe(),

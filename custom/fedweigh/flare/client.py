@@ -226,12 +226,13 @@ class ClientLoop:
             params = {k: torch.as_tensor(v) for k, v in encoded.items()}
         else:
             params = {k: torch.as_tensor(v) for k, v in out.params.items()}
+        # round t (one numbering with the server's log and rows): NVFlare's current_round is t - 1
         for key, value in out.metrics.items():
-            self.writer.add_scalar(key, value, round_index)
+            self.writer.add_scalar(key, value, round_index + 1)
         logger.info(
             "%s round %d: %d steps, loss %.4f, val_auc %.4f",
             self.site_name,
-            round_index,
+            round_index + 1,
             out.num_steps,
             out.metrics.get("train_loss", float("nan")),  # not reported under DP-SGD
             out.metrics.get("val_auc", float("nan")),

@@ -61,19 +61,38 @@ CHEXPERT_CLIENT = ClientArgs(
 )
 
 
+#: What ``fedweigh jobs export`` may change in a catalogue job: the recipe's rounds and the client
+#: script's scenario, architecture and image size (checked by the recipe like any other setting).
+EXPORT_OPTIONS = ("num_rounds", "scenario", "arch", "size")
+
+
 def _job(method: str, client: ClientArgs, rounds: int, sites: int, **recipe_options) -> Callable:
-    def make(name: str, bundle: bool = False, min_clients: int | None = None) -> MethodRecipe:
+    def make(
+        name: str,
+        bundle: bool = False,
+        min_clients: int | None = None,
+        num_rounds: int | None = None,
+        scenario: str | None = None,
+        arch: str | None = None,
+        size: int | None = None,
+    ) -> MethodRecipe:
+        changed = {k: v for k, v in (("scenario", scenario), ("arch", arch), ("size", size)) if v is not None}
         return MethodRecipe(
             method=method,
             name=name,
-            num_rounds=rounds,
+            num_rounds=rounds if num_rounds is None else num_rounds,
             min_clients=sites if min_clients is None else min_clients,
-            client=client,
+            client=replace(client, **changed),
             bundle=bundle,
             **recipe_options,
         )
 
     return make
+
+
+#: The ViT job's client: DAFL's paper trains a ViT; 32 px (an 8 x 8 grid of 4-px patches) keeps it a
+#: CPU run, and ``fedweigh explain`` draws its attention maps.
+SYNTHCXR_VIT_CLIENT = replace(SYNTHCXR_CLIENT, arch="vit", size=32)
 
 
 #: The methods with one SynthCXR job each: every method of the catalogue.
@@ -92,6 +111,7 @@ JOB_CATALOGUE: dict[str, Callable] = {
         SYNTHCXR_ROUNDS,
         SYNTHCXR_SITES,
     ),
+    "synthcxr_dafl_vit": _job("dafl", SYNTHCXR_VIT_CLIENT, SYNTHCXR_ROUNDS, SYNTHCXR_SITES),
     "chestmnist_feddraw": _job("feddraw", CHESTMNIST_CLIENT, 10, 4),
     "chexpert_feddraw": _job("feddraw", CHEXPERT_CLIENT, 10, 4),
 }
@@ -209,8 +229,12 @@ def export_jobs(
     bundle: bool = False,
     site_installed: bool = False,
     min_clients: int | None = None,
+    **changes: object,
 ) -> list[Path]:
     """Export the catalogue's jobs into ``out_dir`` (each folder replaced whole).
+
+    ``changes``: any of :data:`EXPORT_OPTIONS` (``num_rounds``, ``scenario``, ``arch``, ``size``)
+    set in every exported job; the recipe checks them (a misspelt scenario is a ConfigError).
 
     ``bundle=True`` writes bring-your-own-code jobs with the whole fedweigh package under each app's
     ``custom/``; ``site_installed=True`` writes jobs without code for allow-listed sites.
@@ -223,13 +247,19 @@ def export_jobs(
         isinstance(min_clients, bool) or not isinstance(min_clients, int) or min_clients < 1
     ):
         raise ValueError(f"min_clients must be an integer >= 1, got {min_clients!r}")
+    unknown_options = sorted(set(changes) - set(EXPORT_OPTIONS))
+    if unknown_options:
+        raise TypeError(
+            f"export_jobs: unknown option(s) {unknown_options}; known: {', '.join(EXPORT_OPTIONS)}"
+        )
+    changes = {k: v for k, v in changes.items() if v is not None}
     names = names or sorted(JOB_CATALOGUE)
     unknown = [n for n in names if n not in JOB_CATALOGUE]
     if unknown:
         raise KeyError(f"unknown job(s) {unknown}; known: {sorted(JOB_CATALOGUE)}")
     return [
         export_recipe(
-            JOB_CATALOGUE[name](name, bundle=bundle, min_clients=min_clients),
+            JOB_CATALOGUE[name](name, bundle=bundle, min_clients=min_clients, **changes),
             out_dir,
             bundle=bundle,
             site_installed=site_installed,

@@ -14,19 +14,24 @@ options.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import json
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from nvflare.app_common.executors.client_api_executor import ClientAPIExecutor
 from nvflare.app_opt.pt.job_config.base_fed_job import BaseFedJob
 from nvflare.app_opt.pt.job_config.model import PTModel
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
+from nvflare.job_config.fed_job_config import FedJobConfig
 from nvflare.job_config.script_runner import FrameworkType, ScriptRunner
 from nvflare.recipe.spec import Recipe
-from nvflare.recipe.utils import prepare_initial_ckpt
+from nvflare.recipe.utils import prepare_initial_ckpt, recipe_model_to_job_model
 
 from fedweigh.checks import check_client_args, check_recipe_values
 from fedweigh.data.pools import dataset_classes
@@ -108,6 +113,143 @@ class ModelSpec:
         return {"path": MODEL_CLASS_PATH, "args": args}
 
 
+class _ExportedArguments(FedJobConfig):
+    """NVFlare's own reading of a component's constructor arguments (what a job export writes for
+    it: the ``__init__`` parameters the object keeps as ``self.<name>`` or ``self._<name>``), without
+    copying the class's source anywhere."""
+
+    def __init__(self):  # noqa: D107 - reads arguments only; no job
+        pass
+
+    def _get_class_path(self, obj, custom_dir):
+        return f"{type(obj).__module__}.{type(obj).__name__}"
+
+    def of(self, component: object) -> dict:
+        return self._get_args(component, None)
+
+
+def _fix_for(cls: type, args: dict) -> str:
+    """The dict form to pass instead: the constructor's required arguments ("...") and the given ones
+    it takes."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        params = {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = [n for n, p in params.items() if p.default is p.empty and p.kind in kinds]
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    shown = {n: "..." for n in required}
+    shown.update({k: v for k, v in args.items() if open_ended or k in params})
+    form = json.dumps({"class_path": f"{cls.__module__}.{cls.__qualname__}", "args": shown}, default=repr)
+    return f"pass model={form} with the arguments the network is built with"
+
+
+def _rebuild(cls: type, args: dict, where: str, shown: str) -> torch.nn.Module:
+    """``cls(**args)``, or a ConfigError naming the model, the arguments and the fix."""
+    try:
+        return cls(**args)
+    except Exception as e:  # any constructor error: the server would die on it at start
+        message = " ".join(str(e).split())
+        raise ConfigError(
+            where,
+            "model",
+            shown,
+            f"{cls.__qualname__}(**{args}) does not build ({message}); {_fix_for(cls, args)}",
+        ) from None
+
+
+def _state_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def job_model(model: object, where: str) -> ModelSpec | dict | torch.nn.Module:
+    """The global model as the job carries it, checked by rebuilding it from the arguments the job
+    will hold (the server builds it so at start):
+
+    * a :class:`ModelSpec`: as is;
+    * a dict, NVFlare's ``{"class_path": ..., "args": ...}`` or ``{"path": ..., "args": ...}``: as
+      ``{"path", "args"}``, once its class imports and builds with those arguments;
+    * an ``nn.Module``: as is, once the arguments NVFlare exports for it rebuild a network with the same
+      parameter names and shapes (a network that keeps no copy of its constructor arguments, such as
+      MONAI's DenseNet121, is exported with ``args: {}``).
+
+    Anything else, or a model that does not rebuild, is a one-line ConfigError naming the fix.
+    """
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, dict):
+        try:
+            converted = recipe_model_to_job_model(model)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(where, "model", model, " ".join(str(e).split())) from None
+        module, _, name = converted["path"].rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(
+                where,
+                "model",
+                model,
+                f"cannot import {converted['path']} here ({e}); the server imports it too",
+            ) from None
+        _rebuild(cls, dict(converted["args"]), where, converted["path"])
+        return converted
+    if isinstance(model, torch.nn.Module):
+        cls = type(model)
+        args = _ExportedArguments().of(model)
+        rebuilt = _rebuild(cls, args, where, f"{cls.__qualname__}(...)")
+        mine, theirs = _state_shapes(model), _state_shapes(rebuilt)
+        if mine != theirs:
+            first = next(
+                (k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)), "(order)"
+            )
+            raise ConfigError(
+                where,
+                "model",
+                f"{cls.__qualname__}(...)",
+                f"the job can only carry the arguments {args} NVFlare reads from it, and "
+                f"{cls.__qualname__}(**{args}) is another network ({first}: {mine.get(first)} given, "
+                f"{theirs.get(first)} rebuilt); {_fix_for(cls, args)}",
+            )
+        return model
+    raise ConfigError(
+        where,
+        "model",
+        type(model).__name__,
+        'give a torch.nn.Module, {"class_path": "pkg.Class", "args": {...}}, {"path": ..., "args": ...} or a ModelSpec',
+    )
+
+
+#: NVFlare ``FedAvgRecipe`` arguments a fedweigh recipe does not take, and why (a one-line ConfigError).
+REFUSED_STOCK_ARGUMENTS = {
+    "aggregator": "the server weighs the sites with the recipe's scheme; for stock FedAvg with a fedweigh "
+    "scheme use FedAvgRecipe(aggregator=FedweighAggregator(...))",
+    "aggregator_data_kind": "the fedweigh controller aggregates full weights",
+    "aggregation_weights": "the scheme computes each round's weights",
+    "model_persistor": "the recipe adds the PyTorch persistor of model=",
+    "launch_external_process": "fedweigh's client runs in the site's process",
+    "command": "fedweigh's client runs in the site's process",
+    "framework": "fedweigh recipes are PyTorch",
+    "server_expected_format": "the fedweigh controller exchanges NumPy arrays",
+    "params_transfer_type": "the sites send full weights",
+    "stop_cond": "use stop_after= to end after a round",
+    "patience": "use stop_after= to end after a round",
+    "per_site_config": "every site runs the same fedweigh client; a site's own data go in its "
+    "local/fedweigh_site.json and its privacy limits in local/fedweigh_policy.json (docs/deploy.md)",
+}
+
+
+def _refuse_stock_arguments(given: dict, where: str) -> None:
+    """A ConfigError for the first NVFlare recipe argument given that a fedweigh recipe refuses; a
+    TypeError, as Python's, for any other unknown keyword."""
+    for key, value in given.items():
+        if key in REFUSED_STOCK_ARGUMENTS:
+            raise ConfigError(
+                where, key, value, f"not taken by fedweigh recipes: {REFUSED_STOCK_ARGUMENTS[key]}"
+            )
+        raise TypeError(f"{where}: unexpected keyword argument {key!r}")
+
+
 def _deprecated(old: str, new: str, where: str) -> None:
     warnings.warn(
         f"{where}: {old} is deprecated; use {new} (NVFlare's name for the same setting)",
@@ -184,11 +326,22 @@ def _scheme_options(
     return scheme_args
 
 
-def _new_job(name: str, min_clients: int, app_packages: list[str]) -> BaseFedJob:
+def _new_job(
+    name: str,
+    min_clients: int,
+    app_packages: list[str],
+    key_metric: str = "val_auc",
+    key_metric_mode: str = "max",
+) -> BaseFedJob:
     """An empty PyTorch job whose sites' metrics (Client API SummaryWriter) stream to the server's
-    TensorBoard folder; ``app_packages``: packages the sites import from their installation."""
+    TensorBoard folder; ``app_packages``: packages the sites import from their installation;
+    ``key_metric``: the sites' metric NVFlare's model selector keeps the best global model by."""
     job = BaseFedJob(
-        name=name, min_clients=min_clients, key_metric="val_auc", analytics_receiver=TBAnalyticsReceiver()
+        name=name,
+        min_clients=min_clients,
+        key_metric=key_metric,
+        key_metric_mode=key_metric_mode,
+        analytics_receiver=TBAnalyticsReceiver(),
     )
     if app_packages:
         job.set_app_packages(app_packages)
@@ -311,6 +464,13 @@ class FedweighRecipe(Recipe):
         initial_ckpt: a PyTorch checkpoint (state dict) the global model starts from, as in NVFlare's
             recipes: a relative path is a local file shipped in the job, an absolute path a file on
             the server.
+        initial_model: the name ``BaseFedJob`` gives ``model``; the same (not both).
+        key_metric: the sites' validation metric NVFlare's model selector keeps the best global
+            model by (``best_FL_global_model.pt``); fedweigh's client reports ``val_auc`` (default).
+        key_metric_mode: ``"max"`` (default) or ``"min"``, whether a higher key metric is better.
+        per_site_config, and NVFlare ``FedAvgRecipe`` arguments that have no meaning here
+            (:data:`REFUSED_STOCK_ARGUMENTS`): refused with the reason (ConfigError);
+            ``set_per_site_config(recipe, ...)`` likewise.
         encrypt_layers: with ``he``, encrypt only the floating-point arrays matching these glob
             patterns or selectors (``first:N``, ``last:N``, ``largest:N``); the others travel in clear
             (docs/privacy.md states what that reveals). None: encrypt all of them. NVFlare's
@@ -354,8 +514,27 @@ class FedweighRecipe(Recipe):
         train_script: str | None = None,
         train_args: str = "",
         initial_ckpt: str | None = None,
+        initial_model: torch.nn.Module | dict | ModelSpec | None = None,
+        key_metric: str = "val_auc",
+        key_metric_mode: str = "max",
+        **stock_arguments: Any,
     ):
         where = f"recipe {name!r}"
+        _refuse_stock_arguments(stock_arguments, where)
+        if initial_model is not None and model is not None:
+            raise ConfigError(
+                where,
+                "initial_model",
+                type(initial_model).__name__,
+                "give model= or initial_model=, not both",
+            )
+        model = model if model is not None else initial_model
+        if not isinstance(key_metric, str) or not key_metric.strip():
+            raise ConfigError(
+                where, "key_metric", key_metric, "the name of a metric the sites report, e.g. val_auc"
+            )
+        if key_metric_mode not in ("max", "min"):
+            raise ConfigError(where, "key_metric_mode", key_metric_mode, "max (higher is better) or min")
         check_recipe_values(
             {
                 "name": name,
@@ -376,7 +555,7 @@ class FedweighRecipe(Recipe):
         self.client_args = client or ClientArgs()
         if train_script is None:
             self.client_args = check_client_args(self.client_args, f"{where}: client options")
-        self.model_spec = model if model is not None else self._model_from_client(seed)
+        self.model_spec = job_model(model, where) if model is not None else self._model_from_client(seed)
         loss_reads_stats = train_script is None and loss_uses_global_stats(self.client_args.loss)
         self.server_options = ServerOptions(
             num_rounds=num_rounds,
@@ -403,7 +582,11 @@ class FedweighRecipe(Recipe):
             clip_norm=clip_norm,
         )
         job = _new_job(
-            name, min_clients, ([] if bundle else ["fedweigh"]) + installed_model_packages(model, bundle)
+            name,
+            min_clients,
+            ([] if bundle else ["fedweigh"]) + installed_model_packages(model, bundle),
+            key_metric,
+            key_metric_mode,
         )
         persistor_id = self._setup_model_and_persistor(job, initial_ckpt)
         job.to_server(self.server_options.controller(persistor_id), id="controller")
@@ -445,6 +628,30 @@ class FedweighRecipe(Recipe):
         if self.train_script is None:
             return ClientScriptRunner(script=CLIENT_SCRIPT, script_args=self.client_args.to_argv())
         return ClientScriptRunner(script=str(Path(self.train_script).resolve()), script_args=train_args)
+
+    def _apply_per_site_config(self, config: dict) -> None:
+        """``set_per_site_config(recipe, ...)``: refused with the reason (every site runs the same client)."""
+        raise ConfigError(
+            f"recipe {self._job.name!r}",
+            "per_site_config",
+            sorted(config),
+            f"not taken by fedweigh recipes: {REFUSED_STOCK_ARGUMENTS['per_site_config']}",
+        )
+
+    def process_env(self, env) -> None:
+        """Before a run: an environment of fewer sites than ``min_clients`` is a ConfigError naming
+        both (NVFlare would end with ``min_responses ... must be less than length of targets`` in a log)."""
+        sites = getattr(env, "num_clients", 0) or len(getattr(env, "clients", None) or [])
+        needed = self.server_options.min_clients
+        if sites and sites < needed:
+            raise ConfigError(
+                f"recipe {self._job.name!r}",
+                "min_clients",
+                needed,
+                f"{type(env).__name__} runs {sites} sites; build the recipe with min_clients={sites} or run "
+                f"{needed} sites",
+            )
+        super().process_env(env)
 
     @property
     def framework(self) -> FrameworkType:
@@ -577,3 +784,26 @@ class BaselineRecipe(MethodRecipe):
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         super().__init__(method=baseline, name=name or baseline, scheme_args=scheme_args, **kwargs)
+
+
+def run_outcome(run) -> tuple[int, str]:
+    """(exit code, one line) for a finished ``recipe.execute(env)`` run: 0 when at least one round
+    changed the global model; 1 (naming the left-out sites' reasons) when none did, e.g. every site
+    failed, which NVFlare's simulator still ends with status "finished"."""
+    from fedweigh.protocol import METRICS_JSON
+    from fedweigh.server.records import load_rows
+
+    result = run.get_result()
+    status = run.get_status()
+    found = sorted(Path(result).rglob(METRICS_JSON)) if result else []
+    if not found:
+        return 1, f"error: the run ({status}) left no {METRICS_JSON} under {result}; see its logs there"
+    rows = [r for r in load_rows(found[-1]) if r.get("round", 0) >= 1]
+    updated = [r for r in rows if r.get("global_updated")]
+    if not updated:
+        reasons = sorted({f"{site}: {why}" for r in rows for site, why in (r.get("excluded") or {}).items()})
+        why = "; ".join(reasons) or "no site result arrived"
+        return 1, f"error: no round changed the global model ({why}); logs under {result}"
+    return 0, (
+        f"{len(updated)} of {len(rows)} round(s) changed the global model ({status}); metrics: {found[-1]}"
+    )

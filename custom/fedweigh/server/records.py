@@ -22,6 +22,14 @@ from fedweigh.server.validation import check_site_metrics
 
 logger = logging.getLogger("fedweigh.recorder")
 
+#: How the metrics plot labels a row's scores (GM needs a threshold: the sites score it at 0.5).
+METRIC_LABELS = {
+    "test_auc": "test AUC",
+    "val_auc": "val AUC",
+    "test_gm": "test GM at threshold 0.5",
+    "val_gm": "val GM at threshold 0.5",
+}
+
 
 class RoundRecorder:
     """Collects one row per round and writes them after each round (so a crash loses nothing).
@@ -147,8 +155,10 @@ class RoundRecorder:
         if self._tb:
             self._tb.flush()
 
-    def plot(self) -> list[Path]:
-        """Client-weight stacked area and AUC/GM by round; returns the written paths."""
+    def plot(self, youden: tuple[int, float] | None = None) -> list[Path]:
+        """Client-weight stacked area (rounds that kept the model shaded, not interpolated) and
+        AUC/GM by round (GM at threshold 0.5, labelled so; ``youden``: (round, GM) of the final
+        model at per-finding Youden thresholds, drawn as a point); returns the written paths."""
         if self.out_dir is None:
             return []
         written: list[Path] = []
@@ -160,6 +170,7 @@ class RoundRecorder:
                     [r["weights"] for r in weighted],
                     self.out_dir / WEIGHTS_PLOT,
                     title=f"{self.scheme}: client weights by round",
+                    skipped=[r["round"] for r in self.rows if r.get("global_updated") is False],
                 )
             )
         keys = [k for k in ("test_auc", "test_gm", "val_auc", "val_gm") if any(k in r for r in self.rows)]
@@ -169,10 +180,11 @@ class RoundRecorder:
                 written.append(
                     plot_metric_by_round(
                         [r["round"] for r in rows],
-                        {k: [r[k] for r in rows] for k in keys},
+                        {METRIC_LABELS.get(k, k): [r[k] for r in rows] for k in keys},
                         self.out_dir / AUC_PLOT,
                         ylabel="macro score",
                         title=f"{self.scheme}: global model by round",
+                        points={"test GM at Youden thresholds (final model)": youden} if youden else None,
                     )
                 )
         return written

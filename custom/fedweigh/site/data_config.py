@@ -11,6 +11,7 @@ the ``FEDWEIGH_SITE_CONFIG`` environment variable, or ``fedweigh_site.json`` in 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -22,6 +23,9 @@ from fedweigh.data import build_federation, load_pool
 from fedweigh.data.base import LabeledImages, SiteData
 from fedweigh.errors import ConfigError
 from fedweigh.protocol import SITE_CONFIG_ENV, SITE_CONFIG_FILE
+from fedweigh.secure.contexts import STARTUP_FOLDER, find_site_root, is_provisioned
+
+logger = logging.getLogger("fedweigh.site")
 
 
 @dataclass
@@ -147,14 +151,36 @@ def expand_data_path(path: str | None) -> str | None:
     return expanded
 
 
+def provisioned_kit(start: str | Path | None = None) -> Path | None:
+    """The provisioned (or POC) startup kit this process runs in (at or above ``start``, default
+    cwd), if any; None in the simulator."""
+    root = find_site_root(start)
+    return root if root is not None and is_provisioned(root / STARTUP_FOLDER) else None
+
+
 def resolve_site_data(site_name: str, args, workspace: str | Path | None = None):
     """(site splits, test set, number of sites): from the site-local config if there is one, else the
-    job's scenario (simulation)."""
-    config_path = find_site_config(workspace)
+    job's scenario (simulation). A provisioned site without a config is warned about: it trains on
+    the job's simulated data, which is rarely what a deployment means."""
+    kit = provisioned_kit(workspace)
+    config_path = find_site_config(workspace) or (find_site_config(kit) if kit is not None else None)
     if config_path is not None:
         cfg = SiteDataConfig.from_file(config_path)
         site, test = load_site_from_config(site_name, cfg)
         return site, test, 1
+    if kit is not None:
+        logger.warning(
+            "%s: a provisioned site without %s (looked in %s and %s): it trains on the job's simulated data "
+            "(scenario %s, dataset %s) as in the simulator; give it its own data in local/%s (docs/deploy.md, "
+            "`fedweigh site check --load`)",
+            site_name,
+            SITE_CONFIG_FILE,
+            kit / "local",
+            Path.cwd(),
+            args.scenario,
+            args.dataset,
+            SITE_CONFIG_FILE,
+        )
     return load_site_from_scenario(
         site_name,
         args.scenario,
