@@ -240,8 +240,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "aggregator-round-off-by-one",
         "FedweighAggregator weighs round t with round t+1's schedule",
         "custom/fedweigh/flare/aggregator.py",
-        "        round_index = min(self.num_rounds, current + 1)",
-        "        round_index = min(self.num_rounds, current + 2)",
+        "        return min(self._rounds, round_index), self._rounds",
+        "        return min(self._rounds, round_index + 1), self._rounds",
         ("tests/test_aggregator.py",),
     ),
     Mutation(

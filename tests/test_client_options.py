@@ -28,10 +28,10 @@ NAMES = [f.name for f in fields(ClientArgs)]
 #: Valid settings that, together, move every option off its default (DP-SGD excludes augment).
 CHANGED = (
     ClientArgs(
-        dataset="digits",
+        dataset="chestmnist",
         scenario="label-a0.5",
-        data_path="/data/digits",
-        loader_options={"a": 1},
+        data_path="/data/chestmnist_64.npz",
+        loader_options={"task": "multilabel"},  # one the dataset's loader takes
         size=64,
         num_images=100,
         test_images=50,

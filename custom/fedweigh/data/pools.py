@@ -171,6 +171,11 @@ def loader_option_names(dataset: str) -> tuple[str, ...]:
 def check_loader_option_names(dataset: str, options: dict, source: str = "data loader") -> None:
     """A :class:`ConfigError` naming the first key of ``options`` that ``dataset``'s loader does not
     take, with the keys it does take (and the closest one)."""
+    if dataset == "images_csv":  # its own check names its required options too
+        from fedweigh.data.folder import check_options
+
+        check_options(options, source)
+        return
     allowed = loader_option_names(dataset)
     for key in options:
         if key not in allowed:
