@@ -154,6 +154,11 @@ def run(modules: list[str], nice: int) -> dict[str, float | None] | None:
             with_mutants.append(module)
     if not with_mutants:
         return dict.fromkeys(modules, 0.0)
+    for module in with_mutants:  # forget the last results, so that a run stopped half-way shows as such
+        if meta_path(module).exists():
+            meta = json.loads(meta_path(module).read_text())
+            meta["exit_code_by_key"] = dict.fromkeys(meta["exit_code_by_key"])
+            meta_path(module).write_text(json.dumps(meta, indent=4))
     names = [import_name(module) + ".x*" for module in with_mutants]
     command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", "1", *names]
     print(f"{' '.join(with_mutants)}: {' '.join(command[3:])}", flush=True)
@@ -205,7 +210,9 @@ def _load(path: Path, default):
     return json.loads(path.read_text()) if path.exists() else default
 
 
-def module_result(module: str, seconds: float | None, previous: dict | None, verdicts: dict) -> dict:
+def module_result(
+    module: str, seconds: float | None, previous: dict | None, verdicts: dict, fresh: bool = True
+) -> dict:
     """The report entry of one module from mutmut's meta file (see the module docstring)."""
     meta = json.loads(meta_path(module).read_text())
     codes: dict[str, int | None] = meta["exit_code_by_key"]
@@ -227,14 +234,14 @@ def module_result(module: str, seconds: float | None, previous: dict | None, ver
     after = {
         "sha256": file_sha256(module),
         "run_at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "seconds": seconds if seconds is not None else (previous or {}).get("after", {}).get("seconds"),
+        "seconds": seconds if fresh else (previous or {}).get("after", {}).get("seconds"),
         "mutant_seconds": round(sum(meta["durations_by_key"].values()), 1),
         "counts": counts,
         "score": score(counts),
         "survivors": [s["mutant"] for s in survivors],
     }
     before = previous["before"] if previous and previous.get("status") == "run" else after
-    if seconds is None and previous and previous.get("status") == "run":
+    if not fresh and previous and previous.get("status") == "run":
         after["run_at"] = previous["after"]["run_at"]  # the report rebuilt, not rerun
     # survivors of the first run that a later run caught: their verdict names the test that kills them
     caught_since = [
@@ -273,7 +280,10 @@ def report(
             stopped = {"status": f"not yet run (stopped at {checked} of {len(codes)} mutants)"}
             modules[module] = previous[module] if previous.get(module, {}).get("status") == "run" else stopped
         elif ran and codes:
-            modules[module] = module_result(module, seconds.get(module), previous.get(module), verdicts)
+            fresh = module in seconds  # measured now (its time None when not known) or the last record
+            modules[module] = module_result(
+                module, seconds.get(module), previous.get(module), verdicts, fresh
+            )
             if together and len(together.get(module, [])) > 1:
                 modules[module]["after"]["run_with"] = [m for m in together[module] if m != module]
             elif module not in seconds and "run_with" in previous[module]["after"]:
