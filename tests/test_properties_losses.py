@@ -174,7 +174,8 @@ def test_focal_with_gamma_zero_is_cross_entropy(task, data):
     plain = "bce" if task == "multilabel" else "ce"
     _, focal, _ = loss_and_grad(("focal", {"gamma": 0.0}), ctx, logits, targets)
     _, reference, _ = loss_and_grad((plain, {}), ctx, logits, targets)
-    assert focal == pytest.approx(reference, rel=1e-6, abs=1e-7)
+    # two float32 formulas of one value: a few ulps apart (a case 2e-7 apart at a loss near 0.1 was found)
+    assert focal == pytest.approx(reference, rel=1e-5, abs=1e-6)
 
 
 counts_vectors = st.lists(st.integers(0, 100_000), min_size=1, max_size=14)
