@@ -583,15 +583,18 @@ class RoundStep:
             outcome.metrics = mean_metrics(valid_metrics)
         self._bound_counts(outcome)
         contributions = self._bound_norms(outcome, contributions)
-        valid = len(outcome.reports)  # the valid results, before the safeguards leave any out
-        contributions = self._check_directions(outcome, contributions)
-        contributions = self._screen(outcome, contributions)
-        required = self.safeguards.min_secure_sum
-        if self.backend.encrypted:
-            contributions, required = self._secure_quorum(outcome, contributions, minimums)
+        # min_clients counts the valid results, before the safeguards that judge a result against
+        # the others leave any out (of those, a strict majority must remain: _quorum_left)
         min_clients = self.safeguards.min_clients
-        if not outcome.reason and valid < min_clients:
-            outcome.reason = f"{valid} valid result(s), fewer than min_clients={min_clients}"
+        if not outcome.reason and len(outcome.reports) < min_clients:
+            outcome.reason = f"{len(outcome.reports)} valid result(s), fewer than min_clients={min_clients}"
+        valid = len(outcome.reports)
+        required = self.safeguards.min_secure_sum
+        if not outcome.reason:
+            contributions = self._check_directions(outcome, contributions)
+            contributions = self._screen(outcome, contributions)
+            if self.backend.encrypted:
+                contributions, required = self._secure_quorum(outcome, contributions, minimums)
         if not outcome.reason:
             outcome.reason = self._quorum_left(outcome, valid)
         if outcome.reason:
