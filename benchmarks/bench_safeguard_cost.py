@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples per cell")
-    p.add_argument("--out", default=None, help="folder for the cells of every setting (reused; required to run)")
+    p.add_argument(
+        "--out", default=None, help="folder for the cells of every setting (reused; required to run)"
+    )
     p.add_argument("--json", default=None, help="file for the results (e.g. docs/results/security/...)")
     p.add_argument("--markdown", default=None, help="print the table of a results JSON and exit")
     ns = p.parse_args(argv)
