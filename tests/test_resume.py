@@ -28,13 +28,14 @@ from fedweigh.protocol import STATE_JSON
 
 
 def trained_rounds(workspace: Path) -> dict[str, list[int]]:
-    """Rounds (from 1) the server sent training tasks for, and each site trained, by the run's logs."""
+    """Rounds (from 1) the server sent training tasks for, and each site trained, by the run's logs (the
+    sites number a training round as the server does)."""
     server = "\n".join(p.read_text(errors="replace") for p in (workspace / "server").rglob("log.txt"))
     out = {"server": sorted({int(t) for t in re.findall(r"round (\d+)/\d+: sites", server)})}
     for site_dir in sorted(workspace.glob("site-*")):
         log = "\n".join(p.read_text(errors="replace") for p in site_dir.rglob("log.txt"))
         out[site_dir.name] = sorted(
-            {int(t) + 1 for t in re.findall(rf"{site_dir.name} round (\d+): \d+ steps", log)}
+            {int(t) for t in re.findall(rf"{site_dir.name} round (\d+): \d+ steps", log)}
         )
     return out
 
