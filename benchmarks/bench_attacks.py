@@ -39,8 +39,9 @@ Paths (the column ``path``):
   is on the transport itself: a silent site (the server waits ``train_timeout``) and a crashing one.
 
 More attacks on encrypted updates live in ``benchmarks/attacks_he.py`` when it exists: its
-``run_he_attacks(bench, fed, keys, mode)`` gets this module, the federation, the keys and the mode,
-and returns rows as :func:`attack_row` makes them (``he`` true); they are counted in the summary.
+``run_he_attacks(fed, defences=...)`` gets the federation and whether the sites' checks are on,
+and returns its rows, which get the columns of :func:`attack_row` they lack (``he`` true) and are
+counted in the summary.
 
 AUC drop = clean AUC - attacked AUC of the global model after the last round, on the test set, against
 the clean run of the same method, path and safeguards. "Crashed or stalled": the job did not finish
@@ -681,7 +682,18 @@ def _he_rows(fed, keys: Keys, mode: str) -> list[dict]:
     spec = importlib.util.spec_from_file_location("attacks_he", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return [dict(r, he=True) for r in module.run_he_attacks(sys.modules[__name__], fed, keys, mode)]
+    rows = module.run_he_attacks(fed, defences=mode != "off")  # its own HE keys; the sites' checks on
+    return [
+        {
+            "method": "fedavg",
+            "family": FAMILY.get("fedavg", "-"),
+            "attackers": [module.ATTACKER],
+            "attacker_max_weight": float("nan"),  # under HE the server never sees the weights' effect
+            **r,
+            "he": True,
+        }
+        for r in rows
+    ]
 
 
 def _write(ns: argparse.Namespace, rows: list[dict], clean: dict, summary: dict, complete: bool) -> None:

@@ -202,3 +202,28 @@ def test_the_bench_takes_the_robust_options_and_keys_its_cells_by_them():
         for name in ("off", "deploy", "robust")
     }
     assert len(set(hashes.values())) == 3
+
+
+def test_the_he_attacks_are_counted_as_he_rows_with_the_attack_tables_columns(attacks, monkeypatch):
+    """bench_attacks calls attacks_he.run_he_attacks as that file defines it and gives each row the
+    columns its summary and table read, so the last line's H counts them."""
+    he = _load("attacks_he")
+    calls = []
+
+    def fake_run(fed, defences=True, **kwargs):
+        calls.append((fed, defences))
+        row = {"attack": "x", "path": "HE updates", "completed": True, "stalled_rounds": [], "why": "-"}
+        return [{**row, "crashed_or_stalled": False, "auc": 0.6, "clean_auc": 0.7, "auc_drop": 0.1}]
+
+    import inspect
+
+    inspect.signature(he.run_he_attacks).bind("fed", defences=False)  # the call bench_attacks makes
+    monkeypatch.setattr(importlib.util, "module_from_spec", lambda spec: he)
+    monkeypatch.setattr(he, "run_he_attacks", fake_run)
+    monkeypatch.setattr(type(he.__spec__.loader), "exec_module", lambda self, m: None, raising=False)
+    rows = attacks._he_rows("fed", None, "off")
+    assert calls == [("fed", False)]
+    assert rows[0]["he"] is True and rows[0]["attackers"] == [he.ATTACKER]
+    summary = attacks.summarise(rows)
+    assert summary["worst_auc_drop_he"] == pytest.approx(0.1) and summary["tried"] == 1
+    assert "(HE)" in attacks.summary_line(summary) and "0.1000 (HE)" in attacks.summary_line(summary)
