@@ -38,7 +38,7 @@ Paths (the column ``path``):
   client script; benchmarks/attack_client.py replaces site-4's entry script. Used where the attack
   is on the transport itself: a silent site (the server waits ``train_timeout``) and a crashing one.
 
-More attacks on encrypted updates live in ``benchmarks/attacks_he.py`` when it exists: its
+More attacks on encrypted updates live in ``benchmarks/attacks_he.py``: its
 ``run_he_attacks(fed, defences=...)`` gets the federation and whether the sites' checks are on,
 and returns its rows, which get the columns of :func:`attack_row` they lack (``he`` true) and are
 counted in the summary.
@@ -226,17 +226,21 @@ class RunResult:
 
 
 # --------------------------------------------------------------------------------------- keys
-class Keys:
-    """One CKKS key pair (HEBuilder's parameters) for the in-process secure paths."""
+def _load_attacks_he():
+    """benchmarks/attacks_he.py, loaded by path (the benchmarks are scripts, not a package)."""
+    import importlib.util
 
-    def __init__(self):
-        from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
+    if "attacks_he" in sys.modules:
+        return sys.modules["attacks_he"]
+    spec = importlib.util.spec_from_file_location("attacks_he", Path(__file__).with_name("attacks_he.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["attacks_he"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
-        self.secret = make_context()
-        self.public = context_from_bytes(serialize_context(self.secret, with_secret_key=False), role="server")
 
-    def provider(self, role: str):
-        return self.secret if role == "client" else self.public
+attacks_he = _load_attacks_he()
+Keys = attacks_he.Keys  # one CKKS key pair (HEBuilder's parameters), defined once in attacks_he.py
 
 
 def _reencrypt_at_scale(ctx, data: bytes, scale: float) -> bytes:
@@ -673,15 +677,8 @@ def markdown_table(record: dict) -> str:
 
 
 def _he_rows(fed, keys: Keys, mode: str) -> list[dict]:
-    """The rows of benchmarks/attacks_he.py's ``run_he_attacks`` (none while the file does not exist)."""
-    import importlib.util
-
-    path = Path(__file__).with_name("attacks_he.py")
-    if not path.is_file():
-        return []
-    spec = importlib.util.spec_from_file_location("attacks_he", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The rows of benchmarks/attacks_he.py's ``run_he_attacks``."""
+    module = attacks_he
     rows = module.run_he_attacks(fed, defences=mode != "off")  # its own HE keys; the sites' checks on
     return [
         {
