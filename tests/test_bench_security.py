@@ -199,9 +199,9 @@ def test_the_bench_takes_the_robust_options_and_keys_its_cells_by_them():
     )
     hashes = {
         name: settings_hash(make_config("smoke", "synthcxr", safeguards=name), "iid-4", "fedavg", 0)
-        for name in ("off", "deploy", "robust")
+        for name in ("off", "deploy", "robust", "hardened")
     }
-    assert len(set(hashes.values())) == 3
+    assert len(set(hashes.values())) == 4
 
 
 def test_the_he_attacks_are_counted_as_he_rows_with_the_attack_tables_columns(attacks, monkeypatch):

@@ -127,10 +127,14 @@ class Tuning:
 #: sites: most often on the site whose data differ most from the others' (docs/bench.md).
 #: ``"robust"``: the defaults with the weighted coordinate-wise median and the per-array direction
 #: check (:mod:`fedweigh.server.robust`; docs/security.md measures what they cost and stop).
+#: ``"hardened"``: ``"robust"`` with a weight cap below one half (``max_share=0.4``), so that no one
+#: site can hold the weighted median (docs/security.md's setting for a federation that expects a
+#: hostile site).
 SAFEGUARDS: dict[str, Safeguards] = {
     "off": Safeguards.off(),
     "deploy": Safeguards(),
     "robust": Safeguards(aggregator="median", array_cosine=0.0),
+    "hardened": Safeguards(aggregator="median", array_cosine=0.0, max_share=0.4),
 }
 
 
