@@ -58,6 +58,42 @@ def markdown(record: dict) -> str:
     return "\n".join(lines)
 
 
+def tradeoff_table(record: dict, attacks: dict[str, dict]) -> str:
+    """docs/security.md's trade-off table: per setting, the honest cost (this file's ``record``) next
+    to what the attack benchmark measured with the same setting (``attacks``: setting -> the JSON of
+    ``benchmarks/bench_attacks.py --safeguards <setting>``; a setting without one reads "not run")."""
+
+    def show(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4f}"
+
+    lines = [
+        "| setting | honest cost (AUC vs off, 95% interval) | honest site-rounds left out | site-rounds bounded "
+        "| rounds lost | attacks crashed or stalled | worst drop, one site | worst drop, two colluders |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in record["settings"].items():
+        e, a = entry.get("effect"), entry["audit"]
+        cost = (
+            "reference"
+            if name == REFERENCE_SETTING
+            else (f"{e['mean']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" if e else "n/a")
+        )
+        run = attacks.get(name)
+        if run is None:
+            attacked = "not run | - | -"
+        else:
+            s = run["summary"]
+            attacked = (
+                f"{s['crashed_or_stalled']} of {s['tried']} | {show(s['worst_auc_drop_one_site'])} "
+                f"| {show(s['worst_auc_drop_two_colluders'])}"
+            )
+        lines.append(
+            f"| {name} | {cost} | {a['site_rounds_left_out']} | {a['site_rounds_bounded']} "
+            f"| {a['rounds_unchanged']} | {attacked} |"
+        )
+    return "\n".join(lines)
+
+
 def summary_line(record: dict) -> str:
     parts = []
     for name, entry in record["settings"].items():
@@ -89,9 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None, help="file for the results (e.g. docs/results/security/...)")
     p.add_argument("--markdown", default=None, help="print the table of a results JSON and exit")
+    p.add_argument(
+        "--attacks",
+        nargs="+",
+        default=None,
+        metavar="SETTING=JSON",
+        help="with --markdown: also print the trade-off table, with these bench_attacks results per setting",
+    )
     ns = p.parse_args(argv)
     if ns.markdown:
-        print(markdown(json.loads(Path(ns.markdown).read_text())))
+        record = json.loads(Path(ns.markdown).read_text())
+        print(markdown(record))
+        if ns.attacks:
+            pairs = [a.split("=", 1) for a in ns.attacks]
+            bad = [a for a, pair in zip(ns.attacks, pairs, strict=True) if len(pair) != 2]
+            if bad:
+                p.error(f"--attacks takes SETTING=JSON, got {bad[0]!r}")
+            print()
+            print(tradeoff_table(record, {k: json.loads(Path(v).read_text()) for k, v in pairs}))
         return 0
     if ns.out is None:
         p.error("--out is required to run")
