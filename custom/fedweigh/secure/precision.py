@@ -2,9 +2,9 @@
 
 A CKKS decryption is the encrypted value plus the decryption noise, and the noise is a function of
 the secret key: whoever sees full-precision decryptions can recover the key (Li & Micciancio, "On the
-security of homomorphic encryption on approximate numbers", EUROCRYPT 2021). The mitigation used here
-is the one the CKKS libraries recommend short of noise flooding: round every decrypted value to a
-precision coarser than the noise before anything stores, evaluates, logs or sends it,
+security of homomorphic encryption on approximate numbers", EUROCRYPT 2021). The mitigation used here,
+short of noise flooding, is to round every decrypted value to a precision coarser than
+the noise before anything stores, evaluates, logs or sends it,
 
     round_b(x) = rint(x * 2^b) / 2^b,
 
@@ -13,15 +13,15 @@ site applies the same ``b``, so every site keeps the same global model). Roundin
 is exact in float64 and, for |x| < 2^(24 - b), in the float32 arrays a model stores.
 
 Default and bounds, from the CKKS scale 2^s (s = 40, NVFlare's HEBuilder): the noise of a decrypted
-aggregate was measured at about 2^(s - 65) per value after one round of weighted sums, growing as the
-square root of the rounds (2^(s - 63.3) after 20 rounds; docs/privacy.md). ``b`` must leave at least
-:data:`MIN_HEADROOM_BITS` bits between the rounding step and the scale (step 2^-20 for s = 40, 16
-times the noise of one round); the default :data:`HEADROOM_BITS` leaves 24 (step 2^-16 ~ 1.5e-5, a
-change of at most 7.6e-6 per value, 2^8 times the noise of one round). Below
-:data:`MIN_PRECISION_BITS` (step 2^-8 ~ 0.004) the rounding would wipe out local updates.
+aggregate was measured at about 2^(s - 65) per value after one round of weighted sums, growing with
+the rounds (2^(s - 63.3) after 20 rounds; benchmarks/bench_he_precision.py, docs/privacy.md). ``b``
+must leave at least :data:`MIN_HEADROOM_BITS` bits between the rounding step and the scale (step
+2^-20 for s = 40, ten times the noise after 20 rounds); the default :data:`HEADROOM_BITS` leaves 24
+(step 2^-16 ~ 1.5e-5, a change of at most 7.6e-6 per value). Below :data:`MIN_PRECISION_BITS`
+(step 2^-8 ~ 0.004) the rounding would wipe out local updates.
 
 What rounding does not remove: a value whose noise carries it across a rounding boundary still rounds
-differently (a fraction of about 2 x noise / step of the values, 0.3 % by default): this is a
+differently (measured: 0.07 % of the values on average over 20 rounds at the default): this is a
 mitigation, not the noise flooding that would make decryptions provably safe to share.
 """
 
