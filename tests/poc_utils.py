@@ -125,6 +125,27 @@ def federation_python(folder: Path, package_src: Path) -> Path:
     return python
 
 
+def allow_lead_byoc(kit: Path) -> None:
+    """What a hospital that turns BYOC on for its leads writes: local/authorization.json, the
+    provisioned default with the lead's ``byoc`` right set to ``any``."""
+    authz = json.loads((kit / "local" / "authorization.json.default").read_text())
+    assert authz["permissions"]["lead"]["byoc"] == "none", "the shipped project must give no role byoc"
+    authz["permissions"]["lead"]["byoc"] = "any"
+    (kit / "local" / "authorization.json").write_text(json.dumps(authz, indent=2))
+
+
+def allow_fedweigh(kit: Path) -> str:
+    """Run provisioning/allow_fedweigh.py on ``kit`` as a site's IT would."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "provisioning" / "allow_fedweigh.py"), str(kit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def run_cli(
     args: list[str], env: dict[str, str], cwd: Path, timeout: float = 120
 ) -> subprocess.CompletedProcess:

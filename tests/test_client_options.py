@@ -65,6 +65,7 @@ CHANGED = (
         dp_mode="hooks",
         stats_dp_epsilon=1.0,
         stats_dp_delta=1e-6,
+        he_precision_bits=12,
     ),
     ClientArgs(dp_noise_multiplier=1.0),  # DP-SGD takes a target epsilon or a fixed sigma
 )

@@ -106,3 +106,46 @@ def test_suite_times_in_testing_md_come_from_the_measured_runs():
     ]
     _assert_quoted(doc, expected, "docs/testing.md does not quote docs/results/suite/suite_timing.json")
     assert after["pytest_seconds"] < before["pytest_seconds"]
+
+
+def _precision_lines(data: dict) -> list[str]:
+    """docs/privacy.md "Decrypted values are rounded": its table and noise figures, from the run's JSON."""
+    runs, bits, low = data["runs"], data["default_bits"], data["min_bits"]
+    labels = {
+        "full precision": "full precision",
+        "default": f"rounded to 2^-{bits} (default)",
+        "coarsest": f"rounded to 2^-{low} (coarsest allowed)",
+        "CKKS-sized noise": f"N(0, {runs['CKKS-sized noise']['noise_sd']:.0e}) added instead (the CKKS noise's size)",
+    }
+    lines = []
+    for key, label in labels.items():
+        run = runs[key]
+        aucs = ", ".join(f"{r['test_auc']:.4f}" for r in run["rounds"])
+        diff = run.get("max_abs_test_auc_difference")
+        shown = "-" if diff is None else f"{diff:.3f}"
+        lines.append(f"| {label} | {run['max_abs_change']:.2g} | {aucs} | {shown} |")
+    rounds = data["ckks_noise"]["rounds"]
+    first, last = rounds[0], rounds[-1]
+    shares = [r[f"share_rounding_changed_by_noise_b{bits}"] for r in rounds]
+    fine = max(r["share_rounding_changed_by_noise_b20"] for r in rounds)
+    coarse = max(r[f"share_rounding_changed_by_noise_b{low}"] for r in rounds)
+    return [
+        *lines,
+        f"after one round {first['max_abs_noise']:.2g} at most (rms {first['rms_noise']:.2g}), after "
+        f"{last['round']} rounds {last['max_abs_noise']:.2g} (rms {last['rms_noise']:.2g})",
+        f"{100 * sum(shares) / len(shares):.3f} % of the values on average over the {len(rounds)} rounds, "
+        f"{100 * max(shares):.3f} % at most",
+        f"(b = 20: {100 * fine:.2f} % at most; b = {low}: {100 * coarse:.2f} %)",
+    ]
+
+
+def test_precision_figures_in_privacy_md_come_from_the_precision_benchmark() -> None:
+    from fedweigh.secure.precision import DEFAULT_PRECISION_BITS, MIN_PRECISION_BITS
+
+    data = json.loads((ROOT / "docs/results/security/he-precision.json").read_text())
+    assert (data["default_bits"], data["min_bits"]) == (DEFAULT_PRECISION_BITS, MIN_PRECISION_BITS)
+    _assert_quoted(
+        (ROOT / "docs/privacy.md").read_text(),
+        _precision_lines(data),
+        "docs/privacy.md quotes docs/results/security/he-precision.json",
+    )

@@ -96,7 +96,8 @@ def test_exported_config_names_he_only_when_asked(tmp_path):
     ("method", "scheme", "rounds", "options"),
     [
         ("fedavg", "fedavg", 2, {"he_layers": ["largest:8", "net.class_layers.*"]}),  # selective encryption
-        ("cbr", "cbr", 2, {"statistics": "secure"}),  # + secure label statistics
+        # + secure label statistics, at a precision other than the default
+        ("cbr", "cbr", 2, {"statistics": "secure", "he_precision_bits": 18}),
         # FedDRAW under HE over three rounds (its similarities enter the weights only from round 2 of
         # T >= 3): tests/test_resume.py, which runs it stopped after round 2 and resumed
     ],
@@ -122,6 +123,13 @@ def test_he_run_matches_the_plaintext_path(method, scheme, rounds, options, tmp_
             site_models.append({f: npz[f] for f in npz.files})
     for key in site_models[0]:
         np.testing.assert_array_equal(site_models[0][key], site_models[1][key])
+    if "he_precision_bits" in options:  # the job's precision reached the sites: what they keep is rounded
+        bits = options["he_precision_bits"]
+        values = np.concatenate(
+            [v.astype(np.float64).ravel() for v in site_models[0].values() if v.dtype.kind == "f"]
+        )
+        assert np.all(np.rint(values * 2.0**bits) == values * 2.0**bits)  # on the agreed 2^-b grid
+        assert not np.all(np.rint(values * 2.0 ** (bits - 1)) == values * 2.0 ** (bits - 1))  # not coarser
 
     initial, reference, ref_weights = plaintext_reference(
         scheme, recipe.client_args, scheme == "cbr", rounds, SITES

@@ -54,6 +54,8 @@ from poc_utils import (
     REPO,
     Federation,
     admin_console,
+    allow_fedweigh,
+    allow_lead_byoc,
     federation_python,
     free_ports,
     loopback_project,
@@ -130,27 +132,6 @@ def _export_jobs(out: Path) -> dict[str, Path]:
     }
 
 
-def _allow_lead_byoc(kit: Path) -> None:
-    """What a hospital that turns BYOC on for its leads writes: local/authorization.json, the
-    provisioned default with the lead's ``byoc`` right set to ``any``."""
-    authz = json.loads((kit / "local" / "authorization.json.default").read_text())
-    assert authz["permissions"]["lead"]["byoc"] == "none", "the shipped project must give no role byoc"
-    authz["permissions"]["lead"]["byoc"] = "any"
-    (kit / "local" / "authorization.json").write_text(json.dumps(authz, indent=2))
-
-
-def _allow_fedweigh(kit: Path) -> str:
-    """Run provisioning/allow_fedweigh.py on ``kit`` as a site's IT would."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "provisioning" / "allow_fedweigh.py"), str(kit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 def _result(folder: Path) -> dict:
     """Metrics rows and server log of a downloaded job result."""
     server_app = folder / "workspace" / "app_server"
@@ -191,7 +172,7 @@ def poc(tmp_path_factory):
     # the shipped project gives no role BYOC; this run compares a bundled job with an installed one,
     # so each kit opts in for its leads (docs/deploy.md)
     for kit in (SERVER, *HOSPITALS):
-        _allow_lead_byoc(prod / kit)
+        allow_lead_byoc(prod / kit)
     jobs = _export_jobs(root / "jobs")
     run = PocRun(prod=prod, root=root)
     run.wall["provision_and_export"] = time.monotonic() - start
@@ -216,7 +197,7 @@ def poc(tmp_path_factory):
 
         # 4. allow-list fedweigh everywhere; an org_admin may not submit
         for kit in (SERVER, *HOSPITALS):
-            _allow_fedweigh(prod / kit)
+            allow_fedweigh(prod / kit)
         org_admin = new_secure_session(ORG_ADMIN, str(prod / ORG_ADMIN), timeout=60)
         sessions.append(org_admin)
         try:
@@ -454,13 +435,13 @@ def test_allow_fedweigh_extends_the_sites_list_once(tmp_path):
     fragment = json.loads((REPO / "provisioning" / "resources.json").read_text())["class_allow_list"]
     assert "fedweigh.flare.controller.FedweighController" in fragment and "fedweigh." not in fragment
     for _ in range(2):
-        _allow_fedweigh(kit)
+        allow_fedweigh(kit)
     written = json.loads((kit / "local" / "resources.json").read_text())
     assert written["class_allow_list"] == default["class_allow_list"] + fragment
     assert written["components"] == default["components"]
     # a resources.json that exists (e.g. with the server's storage paths) is the one extended
     (kit / "local" / "resources.json").write_text(json.dumps({**default, "snapshot": "mine"}))
-    _allow_fedweigh(kit)
+    allow_fedweigh(kit)
     written = json.loads((kit / "local" / "resources.json").read_text())
     assert written["snapshot"] == "mine" and written["class_allow_list"][-len(fragment) :] == fragment
 
@@ -480,7 +461,7 @@ def test_kits_hold_signed_he_contexts(poc):
 
 
 @pytest.mark.slow
-def test_job_without_code_is_refused_until_sites_allow_fedweigh(poc):
+def test_job_without_code_is_refused_until_sitesallow_fedweigh(poc):
     refused = poc.refused
     assert refused["meta"]["status"] != JOB_COMPLETED
     assert refused["rows"] is None

@@ -80,10 +80,16 @@ def test_slot_layout_splits_each_entry_at_2_pow_20():
     assert slots == [3.0, 5.0, 2.0**19, 0.0, 1.0, 2.0, 1.0]
 
 
-def test_single_ciphertext_roundtrip_keeps_fractions_to_1e_6(client_ctx):
-    vec = np.array([0.0, 1.0, 123.456789, 5e11 + 0.25])
-    out = decrypt_vector(client_ctx, encrypt_vector(client_ctx, vec), 4, num_contributions=1)
-    np.testing.assert_allclose(out, vec, rtol=0, atol=1e-6)
+def test_single_ciphertext_roundtrip_keeps_fractions_to_the_agreed_precision(client_ctx):
+    from fedweigh.secure.precision import DEFAULT_PRECISION_BITS, round_decrypted
+
+    vec = np.array([0.0, 1.0, 123.456789, 5e11 + 0.25])  # 5e11 + 0.25 lies on every grid used here
+    data = encrypt_vector(client_ctx, vec)
+    out = decrypt_vector(client_ctx, data, 4, num_contributions=1)
+    np.testing.assert_array_equal(out, round_decrypted(vec, DEFAULT_PRECISION_BITS))
+    finer = decrypt_vector(client_ctx, data, 4, num_contributions=1, precision_bits=20)
+    np.testing.assert_array_equal(finer, round_decrypted(vec, 20))
+    assert finer[2] != out[2] and abs(finer[2] - vec[2]) <= 2.0**-21
 
 
 def test_count_slot_detects_wrong_number_of_contributions(server_ctx, client_ctx):

@@ -17,6 +17,7 @@ from typing import Any
 from fedweigh.errors import ConfigError
 from fedweigh.protocol import ABSOLUTE_MIN
 from fedweigh.secure.dp_config import ACCOUNTANTS, DP_MODES
+from fedweigh.secure.precision import MAX_PRECISION_BITS, MIN_PRECISION_BITS, check_precision_bits
 from fedweigh.train import OPTIMIZERS
 
 #: The smallest image side the models accept.
@@ -170,6 +171,16 @@ def check_client_values(values: Mapping[str, Any], source: str = "client options
     c.choice("dp_mode", DP_MODES)
     c.number("stats_dp_epsilon", optional=True)
     c.number("stats_dp_delta", 0.0, 1.0, open_high=True)
+    bits = values.get("he_precision_bits")
+    if bits is not None:
+        try:
+            check_precision_bits(bits)
+        except ValueError:
+            c.fail(
+                "he_precision_bits",
+                f"a whole number of fractional bits in [{MIN_PRECISION_BITS}, {MAX_PRECISION_BITS}] (decrypted "
+                "values are rounded to 2^-b: finer keeps the CKKS decryption noise, coarser wipes out updates)",
+            )
     if values["augment"] and (values["dp_epsilon"] is not None or values["dp_noise_multiplier"] is not None):
         c.fail("augment", "DP-SGD trains without augmentation: set augment to false or turn DP-SGD off")
 

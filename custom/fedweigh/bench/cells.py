@@ -37,6 +37,7 @@ _HASHED_WHEN_CHANGED: dict[str, object] = {
     "momentum": 0.9,
     "weight_decay": 0.0,
     "test_images": None,
+    "he_precision_bits": None,
 }
 
 

@@ -12,8 +12,8 @@ It dispatches on ``flare.get_task_name()``:
   last local model; the models it is sent to validate are scored like ``validate``.
 
 When a task's meta carries the HE layout (``fedweigh_he``, :mod:`fedweigh.secure.updates`), the
-site decrypts the global model it receives (round 1: plaintext) with its client context, keeps the
-decrypted model in ``fedweigh_he_global_<job id>.npz`` in its working folder (after the final
+site decrypts the global model it receives (round 1: plaintext) with its client context, rounds it
+to the job's ``he_precision_bits`` (:mod:`fedweigh.secure.precision`), keeps the decrypted model in ``fedweigh_he_global_<job id>.npz`` in its working folder (after the final
 ``validate`` task: theta_g^T), and sends Enc(theta_k - theta_g) instead of its parameters.
 
 The site's privacy policy (:mod:`fedweigh.site.policy`, ``local/fedweigh_policy.json``) judges the job
@@ -69,13 +69,16 @@ __all__ = ["ClientArgs", "ClientLoop", "follow_budget", "main", "refusal_model",
 HE_SITE_MODEL_FILE = "fedweigh_he_global_{job_id}.npz"
 
 
-def _he_decode(received: dict, he_meta: dict, reference: Params, min_contributions: int):
+def _he_decode(
+    received: dict, he_meta: dict, reference: Params, min_contributions: int, precision_bits: int | None
+):
     """(decrypted global model, client context) of a task under HE
-    (:class:`fedweigh.secure.updates.DecryptedGlobal`; its check slot is judged by the site's guard)."""
+    (:class:`fedweigh.secure.updates.DecryptedGlobal`, rounded to the job's ``precision_bits``; its check
+    slot is judged by the site's guard)."""
     from fedweigh.secure.updates import decrypt_global  # TenSEAL: loaded only under HE
 
     ctx, _ = load_role_context("client")
-    return decrypt_global(ctx, received, he_meta, reference, min_contributions), ctx
+    return decrypt_global(ctx, received, he_meta, reference, min_contributions, precision_bits), ctx
 
 
 def refusal_model(reason: str, whole_job: bool = True) -> FLModel:
@@ -118,6 +121,8 @@ class ClientLoop:
         site, test, num_sites = resolve_site_data(self.site_name, args)
         threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, num_sites))
         self.job_id = str(flare.get_job_id())
+        #: the fractional bits every decrypted value is rounded to (fedweigh.secure.precision)
+        self.precision_bits = args.he_precision_bits
         self.policy = load_site_policy()
         ledger = PrivacyLedger(ledger_path(self.site_name))
         self.guard = PrivacyGuard(self.policy, ledger, self.site_name, budget_id=self.job_id)
@@ -185,7 +190,11 @@ class ClientLoop:
         put the model the site uses (the received one, or its last good one) in place and keep it in the
         working folder; returns (HE layout, client context, receipt)."""
         decrypted, ctx = _he_decode(
-            input_model.params, he_meta, get_params(self.trainer.model), self.policy.min_secure_sum
+            input_model.params,
+            he_meta,
+            get_params(self.trainer.model),
+            self.policy.min_secure_sum,
+            self.precision_bits,
         )
         round_index = input_model.current_round
         receipt = self.he_guard.receive(
@@ -197,7 +206,7 @@ class ClientLoop:
 
     def _statistics(self, input_model: FLModel) -> FLModel:
         try:
-            return answer_statistics_task(self.trainer, input_model, self.policy)
+            return answer_statistics_task(self.trainer, input_model, self.policy, self.precision_bits)
         except PolicyRefusal as e:  # the statistics release would break an epsilon cap
             return self._refuse(str(e))
 

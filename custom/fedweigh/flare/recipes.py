@@ -40,6 +40,7 @@ from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIME
 from fedweigh.flare.persistor import FedweighModelPersistor
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
+from fedweigh.secure.precision import check_precision_bits
 from fedweigh.server.safeguards import DEFAULT_MIN_UPDATE_COSINE, DEFAULT_UPDATE_NORM_BOUND
 from fedweigh.site.args import ClientArgs
 
@@ -365,6 +366,32 @@ def _check_own_script(train_script: str | None, model: object, he: bool, where: 
         raise ConfigError(where, "he", he, "encrypted updates need fedweigh's client script")
 
 
+def _with_precision(client: ClientArgs, bits: int | None, train_script: str | None, where: str) -> ClientArgs:
+    """``client`` with the recipe's ``he_precision_bits`` (checked: ConfigError for a value out of bounds,
+    one that contradicts ``client``'s, or one given with the user's own script, which decrypts nothing)."""
+    if bits is None:
+        return client
+    if train_script is not None:
+        raise ConfigError(
+            where,
+            "he_precision_bits",
+            bits,
+            "fedweigh's client script applies it; train_script decrypts nothing",
+        )
+    if client.he_precision_bits not in (None, bits):
+        raise ConfigError(
+            where,
+            "he_precision_bits",
+            bits,
+            f"client sets he_precision_bits={client.he_precision_bits}; give one value, in one place",
+        )
+    try:
+        check_precision_bits(bits)
+    except ValueError as e:
+        raise ConfigError(where, "he_precision_bits", bits, str(e)) from None
+    return replace(client, he_precision_bits=int(bits))
+
+
 def _check_initial_ckpt(initial_ckpt: str | None, where: str) -> None:
     """A relative ``initial_ckpt`` names an existing local file (shipped in the job)."""
     if initial_ckpt is not None and not Path(initial_ckpt).is_absolute() and not Path(initial_ckpt).is_file():
@@ -476,6 +503,12 @@ class FedweighRecipe(Recipe):
             (docs/privacy.md states what that reveals). None: encrypt all of them. NVFlare's
             ``FedAvgRecipeWithHE`` name; an exact parameter name is a pattern that matches itself.
         he_layers: the deprecated name of ``encrypt_layers`` (warns).
+        he_precision_bits: the precision the sites agree on for what they decrypt (encrypted model
+            updates and secure statistics): every decrypted value is rounded to 2^-b before a site
+            stores, uses or sends it, so no raw CKKS decryption noise (which reveals the secret key)
+            leaves the decryption (:mod:`fedweigh.secure.precision`). 8 to 20 bits; None: 16, the
+            default for the kits' CKKS scale 2^40. It travels as the client option of the same name, so
+            every site of the job applies the same b; ``client`` may set it instead, not both differently.
         fedprox_mu: FedProx's proximal coefficient mu (scheme ``fedprox``; NVFlare's
             ``FedProxRecipe`` name); None: the scheme's default. ``scheme_args={"client_mu": ...}``
             is its deprecated form (warns).
@@ -500,6 +533,7 @@ class FedweighRecipe(Recipe):
         he: bool = False,
         encrypt_layers: list[str] | None = None,
         he_layers: list[str] | None = None,
+        he_precision_bits: int | None = None,
         fedprox_mu: float | None = None,
         max_share: float | str | None = "auto",
         stop_after: int | None = None,
@@ -552,7 +586,7 @@ class FedweighRecipe(Recipe):
         _check_own_script(train_script, model, he, where)
         _check_initial_ckpt(initial_ckpt, where)
         self.train_script = train_script
-        self.client_args = client or ClientArgs()
+        self.client_args = _with_precision(client or ClientArgs(), he_precision_bits, train_script, where)
         if train_script is None:
             self.client_args = check_client_args(self.client_args, f"{where}: client options")
         self.model_spec = job_model(model, where) if model is not None else self._model_from_client(seed)

@@ -79,13 +79,16 @@ META_MODE = "fedweigh_stats_mode"
 GLOBAL_STATS_FILE = "fedweigh_global_stats_{job_id}.json"
 
 
-def make_exchange(mode: str, min_contributions: int = ABSOLUTE_MIN) -> StatisticsExchange:
+def make_exchange(
+    mode: str, min_contributions: int = ABSOLUTE_MIN, precision_bits: int | None = None
+) -> StatisticsExchange:
     """The exchange of statistics mode ``mode`` (``plain`` or ``secure``, with this process's keys);
-    ``min_contributions``: the fewest contributions a sum may hold for this party to decode it."""
+    ``min_contributions``: the fewest contributions a sum may hold for this party to decode it;
+    ``precision_bits``: the fractional bits a decrypted sum is rounded to (secure; None: the default)."""
     if mode == "plain":
         return PlainExchange(min_contributions)
     if mode == "secure":
-        return SecureExchange(role_context_provider(), min_contributions)
+        return SecureExchange(role_context_provider(), min_contributions, precision_bits)
     raise ValueError(f"statistics mode must be 'plain' or 'secure', got {mode!r}")
 
 
@@ -208,13 +211,17 @@ class StatisticsSite(Protocol):
 
 
 def answer_statistics_task(
-    trainer: StatisticsSite, input_model: FLModel, policy: SitePolicy = PERMISSIVE_DEFAULT
+    trainer: StatisticsSite,
+    input_model: FLModel,
+    policy: SitePolicy = PERMISSIVE_DEFAULT,
+    precision_bits: int | None = None,
 ) -> FLModel:
     """The client's answer to a ``stats`` task (collect or distribute). The caller has checked the
     task against the site's policy; ``policy.min_secure_sum`` is announced with the contribution and
-    checked before a sum is decoded."""
+    checked before a sum is decoded; a decrypted sum is rounded to ``precision_bits`` (the job's
+    ``he_precision_bits``; None: the default)."""
     meta = input_model.meta or {}
-    exchange = make_exchange(meta.get(META_MODE, "plain"), policy.min_secure_sum)
+    exchange = make_exchange(meta.get(META_MODE, "plain"), policy.min_secure_sum, precision_bits)
     if meta.get(META_STEP) == "collect":
         # with statistics DP on, the site's one noised release; N_k c_k is derived from it
         # (post-processing), so everything sent here is covered by the same budget

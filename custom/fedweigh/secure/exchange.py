@@ -27,6 +27,7 @@ import numpy as np
 
 from fedweigh.histograms import META_LENGTH, META_NUM_CONTRIBUTIONS, StatisticsExchange
 from fedweigh.protocol import ABSOLUTE_MIN
+from fedweigh.secure.precision import precision_bits_for
 from fedweigh.secure.vectors import (
     check_fresh_ciphertext,
     decrypt_vector,
@@ -80,13 +81,21 @@ class SecureExchange(StatisticsExchange):
         context_provider: ``role -> tenseal.Context``; called at most once per role and object
             (the server side only ever asks for ``"server"``, the client side for ``"client"``).
         min_contributions: the fewest contributions a sum may hold for this party to decrypt it.
+        precision_bits: the fractional bits the federation rounds decrypted values to
+            (:mod:`fedweigh.secure.precision`; None: the default for the context's scale).
     """
 
     mode = "secure"
 
-    def __init__(self, context_provider: ContextProvider, min_contributions: int = ABSOLUTE_MIN) -> None:
+    def __init__(
+        self,
+        context_provider: ContextProvider,
+        min_contributions: int = ABSOLUTE_MIN,
+        precision_bits: int | None = None,
+    ) -> None:
         self.context_provider = context_provider
         self.min_contributions = int(min_contributions)
+        self.precision_bits = precision_bits
         #: contexts this object has obtained, by role
         self.contexts: dict[str, ts.Context] = {}
 
@@ -101,8 +110,9 @@ class SecureExchange(StatisticsExchange):
         ctx = self._context("client")
         data = encrypt_vector(ctx, vec)
         # catch parameter problems here rather than as a wrong global sum at every site
-        check = decrypt_vector(ctx, data, vec.size, num_contributions=1)
-        if not np.allclose(check, vec, rtol=1e-9, atol=1e-4):
+        check = decrypt_vector(ctx, data, vec.size, 1, self.precision_bits)
+        step = 2.0 ** -precision_bits_for(ctx, self.precision_bits)
+        if not np.allclose(check, vec, rtol=1e-9, atol=1e-4 + step / 2):
             raise RuntimeError(
                 "CKKS round trip of the statistics vector failed: unsuitable context parameters"
             )
@@ -119,7 +129,7 @@ class SecureExchange(StatisticsExchange):
         # before anything is decrypted; decrypt_vector then checks the count against the count slot
         count = self.check_quorum(payload)
         data = _unb64("server", payload.get(META_CIPHERTEXT))
-        return decrypt_vector(self._context("client"), data, length, num_contributions=count)
+        return decrypt_vector(self._context("client"), data, length, count, self.precision_bits)
 
     # ----------------------------------------------------------------------------------- server
     def check(self, site: str, payload: dict, length: int) -> None:

@@ -28,7 +28,9 @@ scale 2^40) the product w_k * Enc(Delta_k) uses the only multiplicative level; t
 ciphertext sits at that same level and is only ever added to, so rounds do not consume levels.
 The remaining 60-bit modulus with scale 2^40 holds values of magnitude below 2^19: encrypted
 parameters and updates are refused above :data:`MAX_ABS_VALUE` (2^17). Each round adds CKKS noise
-of about 1e-7 absolute to the global model (measured; it adds up over rounds).
+of about 1e-7 absolute to the global model (measured; it adds up over rounds). A site rounds what it
+decrypts to the precision the federation agreed on (:mod:`fedweigh.secure.precision`, 2^-16 by
+default) before it stores or uses it.
 
 Selective encryption (``layers``): only the floating-point arrays chosen by glob patterns on the
 parameter names (and the selectors ``first:N``, ``last:N``, ``largest:N`` over the floating-point
@@ -62,6 +64,7 @@ import tenseal as ts
 
 from fedweigh.arrays import check_same_layout, to_numpy
 from fedweigh.protocol import ZERO_WEIGHT
+from fedweigh.secure.precision import precision_bits_for, round_decrypted
 from fedweigh.secure.vectors import check_fresh_ciphertext
 
 __all__ = [
@@ -318,12 +321,17 @@ def load_chunks(
     return out
 
 
-def decrypt_chunks(ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout) -> np.ndarray:
-    """The float64 vector that ``chunks`` encrypt (needs the secret key)."""
+def decrypt_chunks(
+    ctx: ts.Context, chunks: Sequence[bytes], layout: HELayout, precision_bits: int | None = None
+) -> np.ndarray:
+    """The float64 vector that ``chunks`` encrypt (needs the secret key), rounded to the federation's
+    precision 2^-b (:func:`fedweigh.secure.precision.round_decrypted`; ``precision_bits`` None: the
+    default for the context's scale), so that no raw decryption noise leaves this function."""
     if not ctx.has_secret_key():
         raise ValueError("decrypting needs the client context (with secret key)")
+    bits = precision_bits_for(ctx, precision_bits)
     vectors = load_chunks(ctx, chunks, layout, "the encrypted global model")
-    return np.concatenate([np.asarray(v.decrypt(), dtype=np.float64) for v in vectors])
+    return round_decrypted(np.concatenate([np.asarray(v.decrypt(), dtype=np.float64) for v in vectors]), bits)
 
 
 def weighted_sum(
@@ -435,6 +443,7 @@ def decrypt_global(
     he_meta: Mapping,
     reference: Mapping[str, np.ndarray],
     min_contributions: int = 1,
+    precision_bits: int | None = None,
 ) -> DecryptedGlobal:
     """Decrypt the global model a site received, without judging its check slot (:func:`decode_global`
     does; :class:`fedweigh.site.he_guard.HEModelGuard` repairs a forged one).
@@ -442,7 +451,8 @@ def decrypt_global(
     ``reference``: the site's own model parameters (names, shapes, dtypes). A plaintext model
     (round 1) is returned as it is, checked for completeness. An encrypted one is decrypted only
     when its last aggregation summed at least ``min_contributions`` updates (the site policy's
-    minimum; :mod:`fedweigh.server.quorum`), else ValueError saying so.
+    minimum; :mod:`fedweigh.server.quorum`), else ValueError saying so. Its values are rounded to the
+    federation's ``precision_bits`` (:func:`decrypt_chunks`).
     """
     layout = HELayout.from_meta(he_meta, reference)
     chunks, clear = unpack_chunks(received, GLOBAL_PREFIX)
@@ -458,7 +468,7 @@ def decrypt_global(
             f"HE: the encrypted global model's last aggregation summed {count!r} update(s); this site's "
             f"policy decrypts a secure sum only with at least {min_contributions} contributions"
         )
-    vector = decrypt_chunks(ctx, chunks, layout)
+    vector = decrypt_chunks(ctx, chunks, layout, precision_bits)
     finite = vector[np.isfinite(vector)]
     peak = float(np.abs(finite).max()) if finite.size else math.inf
     if finite.size < vector.size:
@@ -476,11 +486,12 @@ def decode_global(
     he_meta: Mapping,
     reference: Mapping[str, np.ndarray],
     min_contributions: int = 1,
+    precision_bits: int | None = None,
 ) -> tuple[dict[str, np.ndarray], HELayout]:
     """The plaintext global model a site received: decrypted chunks + clear arrays, in ``reference``
     order and dtypes (:func:`decrypt_global`); ValueError when its check slot is wrong, naming a forged
     check slot or a key mismatch (:attr:`DecryptedGlobal.check_problem`)."""
-    decrypted = decrypt_global(ctx, received, he_meta, reference, min_contributions)
+    decrypted = decrypt_global(ctx, received, he_meta, reference, min_contributions, precision_bits)
     problem = decrypted.check_problem
     if problem:
         raise ValueError(problem)

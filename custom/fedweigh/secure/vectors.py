@@ -15,7 +15,8 @@ contributions, which decryption checks (a mismatch means a site used another key
     [lo_1, ..., lo_L, hi_1, ..., hi_L, 1.0]
 
 After decryption the hi sums are rounded to integers (they are sums of integers) and the lo sums
-to 1e-6 (well above the CKKS noise, about 1e-9 here), so no raw CKKS decryption noise is used or
+to the federation's precision 2^-b (:mod:`fedweigh.secure.precision`; b = 16 by default, a step of
+1.5e-5, well above the CKKS noise of about 1e-9 here), so no raw CKKS decryption noise is used or
 passed on (a mitigation of key-recovery attacks on CKKS decryptions, Li & Micciancio, EUROCRYPT
 2021).
 
@@ -31,10 +32,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedweigh.secure.precision import precision_bits_for, round_decrypted
+
 __all__ = [
     "COUNT_TOLERANCE",
     "LIMB_BASE",
-    "LO_DECIMALS",
     "MAX_ABS_VALUE",
     "check_fresh_ciphertext",
     "ciphertext_size",
@@ -50,7 +52,6 @@ if TYPE_CHECKING:  # TenSEAL is imported where a ciphertext is made or read: pla
 #: Split base and range of the slot encoding (module docstring).
 LIMB_BASE = 2.0**20
 MAX_ABS_VALUE = 2.0**50
-LO_DECIMALS = 6
 #: Tolerance on the decrypted contribution-count slot.
 COUNT_TOLERANCE = 0.01
 
@@ -141,17 +142,24 @@ def sum_encrypted(public_ctx: ts.Context, ciphertexts: Sequence[bytes]) -> bytes
 
 
 def decrypt_vector(
-    secret_ctx: ts.Context, data: bytes, length: int, num_contributions: int | None = None
+    secret_ctx: ts.Context,
+    data: bytes,
+    length: int,
+    num_contributions: int | None = None,
+    precision_bits: int | None = None,
 ) -> np.ndarray:
     """Decrypt a (summed) ciphertext back into the length-``length`` vector sum_k v_k.
 
-    hi sums are rounded to integers, lo sums to 1e-6. The count slot must equal
+    hi sums are rounded to integers, lo sums to the federation's precision 2^-b
+    (:func:`fedweigh.secure.precision.round_decrypted`; ``precision_bits`` None: the default for the
+    context's scale). The count slot must equal
     ``num_contributions`` (or, if None, a positive integer); otherwise the sites did not share one key.
     """
     import tenseal as ts
 
     if not secret_ctx.has_secret_key():
         raise ValueError("decrypting needs the client context (with secret key)")
+    bits = precision_bits_for(secret_ctx, precision_bits)
     try:
         enc = ts.ckks_vector_from(secret_ctx, data)
     except Exception as e:
@@ -177,6 +185,6 @@ def decrypt_vector(
             "the contributions were encrypted with different keys (startup kits from different "
             "provisionings, or simulation keys mixed with kit keys) or were corrupted"
         )
-    lo = np.round(slots[:length], LO_DECIMALS)
+    lo = round_decrypted(slots[:length], bits)
     hi = np.rint(slots[length : 2 * length])
     return hi * LIMB_BASE + lo

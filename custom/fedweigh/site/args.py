@@ -134,6 +134,11 @@ class ClientArgs:
         help="Gaussian noise on the label statistics (fedweigh.secure.dp_config.StatsDPConfig): its epsilon",
     )
     stats_dp_delta: float = _option(1e-5, help="statistics DP: delta")
+    he_precision_bits: int | None = _option(
+        None,
+        help="fractional bits b every site rounds decrypted CKKS values to, 2^-b (encrypted model updates and "
+        "secure statistics; fedweigh.secure.precision): 8 to 20, default 16 for the kits' scale 2^40",
+    )
 
     def __post_init__(self) -> None:
         # DP-SGD needs per-sample gradients, which BatchNorm mixes across samples: with DP on, the
