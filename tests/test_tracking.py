@@ -8,6 +8,7 @@ import math
 import sys
 import types
 from pathlib import Path
+from queue import Empty
 
 import numpy as np
 import pytest
@@ -247,6 +248,76 @@ def test_add_experiment_tracking_mlflow_records_the_servers_rows(tmp_path, fake_
         "site-1",
         "site-2",
     }  # the clients' runs as before
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """A stand-in for the ``wandb`` package (not installed here), and W&B's run processes not started:
+    what NVFlare's WandBReceiver puts on each run's queue is what the run would log."""
+    started: list[object] = []
+
+    class Process:
+        def __init__(self, target, args):
+            self.args = args
+
+        def start(self):
+            started.append(self)
+
+        def join(self, timeout=None):
+            pass
+
+        def terminate(self):
+            pass
+
+    wandb = types.ModuleType("wandb")
+    wandb.login = wandb.init = wandb.log = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    for name in ("nvflare.app_opt.tracking.wandb.wandb_receiver", "fedweigh.flare.wandb_tracking"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    from nvflare.app_opt.tracking.wandb import wandb_receiver
+
+    monkeypatch.setattr(wandb_receiver, "Process", Process)
+    monkeypatch.setattr(wandb_receiver.time, "sleep", lambda s: None)
+    return started
+
+
+def test_add_experiment_tracking_wandb_logs_the_servers_rows(tmp_path, fake_wandb):
+    """``add_experiment_tracking(recipe, "wandb", ...)`` on a fedweigh recipe: the exported receiver
+    starts a run for the server too and queues the controller's scalars for it (NVFlare's stock
+    receiver starts runs for the clients only and drops them)."""
+    recipe = FedDRAWRecipe(name="wandb_job", min_clients=2, num_rounds=1, client=TINY_CLIENT)
+    args = {"project": "p", "group": "g", "job_type": "train", "name": "feddraw"}
+    add_experiment_tracking(recipe, "wandb", {"wandb_args": args})
+    recipe.export(str(tmp_path))
+    (receiver,) = [c for c in _server_components(tmp_path / "wandb_job") if "wandb" in c["path"].lower()]
+    assert receiver["path"] == "fedweigh.flare.wandb_tracking.ServerWandBReceiver"
+
+    from fedweigh.flare.wandb_tracking import ServerWandBReceiver
+
+    wandb_receiver = ServerWandBReceiver(**receiver["args"])
+    engine = _Engine([wandb_receiver])
+    wandb_receiver.handle_event("_start_run", engine.new_context())
+    sender = FLComponent()
+    sender.engine = engine
+    rec = RoundRecorder(None, "feddraw", sinks=[ServerAnalytics(sender)], tensorboard=False)
+    rec.set_round(1, {"site-1": 0.6, "site-2": 0.4}, {"lambda": 0.5})
+    rec.set_metrics(1, {"val_auc": 0.7})
+    assert sorted(wandb_receiver.queues) == ["server", "site-1", "site-2"]
+    queue = wandb_receiver.queues[SERVER]
+    init, *logs = [queue.get(timeout=10) for _ in range(5)]
+    with pytest.raises(Empty):  # nothing else
+        queue.get(timeout=0.5)
+    assert init.task_type == "init" and init.task_data["name"].startswith("server-")
+    assert init.task_data["group"] == wandb_receiver.wandb_args["group"]  # the clients' group
+    assert sorted((t.task_type, *t.task_data.items(), t.step) for t in logs) == sorted(
+        [
+            ("log", ("weight/site-1", 0.6), 1),
+            ("log", ("weight/site-2", 0.4), 1),
+            ("log", ("scheme/lambda", 0.5), 1),
+            ("log", ("global/val_auc", 0.7), 1),
+        ]
+    )
+    assert len(fake_wandb) == 3  # one run per client and the server's
 
 
 @pytest.mark.slow

@@ -646,9 +646,9 @@ class FedweighRecipe(Recipe):
 
     def finalize(self) -> None:
         """Before export or run: one TensorBoard receiver on the server (the one
-        ``add_experiment_tracking(recipe, "tensorboard")`` added, else fedweigh's default), and
-        ``add_experiment_tracking(recipe, "mlflow")``'s receiver built to take the server's records
-        too (:func:`fedweigh.flare.tracking.use_tracking_receivers`)."""
+        ``add_experiment_tracking(recipe, "tensorboard")`` added, else fedweigh's default), and the
+        receivers of ``add_experiment_tracking(recipe, "mlflow" | "wandb")`` built to take the
+        server's records too (:func:`fedweigh.flare.tracking.use_tracking_receivers`)."""
         super().finalize()
         use_tracking_receivers(self._job, self._default_tb)
 

@@ -9,12 +9,14 @@ sends. The receiver on the server records it under the server's name:
 - ``TBAnalyticsReceiver`` (``add_experiment_tracking(recipe, "tensorboard")``, or the one a fedweigh
   recipe adds by default) writes ``<run>/tb_events/<server name>/``;
 - NVFlare's stock ``MLflowReceiver`` opens runs for the clients only and listens to the clients' fed
-  events only; a fedweigh recipe therefore builds it as :class:`ServerMLflowReceiver` (same
-  arguments), which also opens a run for the server and listens to the server's own events.
+  events only, and the stock ``WandBReceiver`` starts runs for the clients only; a fedweigh recipe
+  therefore builds them as :class:`~fedweigh.flare.mlflow_tracking.ServerMLflowReceiver` (which also
+  listens to the server's own events) and :class:`~fedweigh.flare.wandb_tracking.ServerWandBReceiver`
+  with the same arguments, each with one more run, named after the server.
 
 :func:`use_tracking_receivers` does both for a recipe's job before export or run: one TensorBoard
 receiver on the server (the user's, when ``add_experiment_tracking`` added one, else fedweigh's
-default) and MLflow receivers that take the server's records.
+default) and MLflow and W&B receivers that take the server's records.
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic
 from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 
-__all__ = ["DEFAULT_RECEIVER_ID", "ServerAnalytics", "server_mlflow_receiver", "use_tracking_receivers"]
+__all__ = [
+    "DEFAULT_RECEIVER_ID",
+    "ServerAnalytics",
+    "server_mlflow_receiver",
+    "server_wandb_receiver",
+    "use_tracking_receivers",
+]
 
 #: The id NVFlare's ``BaseFedJob`` and ``add_experiment_tracking`` give the server's receiver.
 DEFAULT_RECEIVER_ID = "receiver"
 _STOCK_MLFLOW = ("nvflare.app_opt.tracking.mlflow.mlflow_receiver", "MLflowReceiver")
+_STOCK_WANDB = ("nvflare.app_opt.tracking.wandb.wandb_receiver", "WandBReceiver")
 
 
 class ServerAnalytics:
@@ -90,10 +99,24 @@ def server_mlflow_receiver(receiver: Any) -> Any:
     )
 
 
+def server_wandb_receiver(receiver: Any) -> Any:
+    """NVFlare's stock ``WandBReceiver`` rebuilt as :class:`ServerWandBReceiver` with the same arguments
+    (it already listens to the server's local analytics event)."""
+    from fedweigh.flare.wandb_tracking import ServerWandBReceiver
+
+    return ServerWandBReceiver(
+        wandb_args=receiver.wandb_args,
+        mode=receiver.mode,
+        events=receiver.events,
+        process_timeout=receiver.process_timeout,
+    )
+
+
 def use_tracking_receivers(job: FedJob, default_tb: TBAnalyticsReceiver | None) -> None:
     """Before export or run: exactly one TensorBoard receiver on the server (a receiver that
     ``add_experiment_tracking`` added replaces ``default_tb``, the recipe's default, in its place and
-    id), and every stock MLflow receiver there rebuilt by :func:`server_mlflow_receiver`."""
+    id), and every stock MLflow or W&B receiver there rebuilt by :func:`server_mlflow_receiver` or
+    :func:`server_wandb_receiver`, so that it keeps a run for the server's records."""
     app = job._deploy_map.get(SERVER_SITE_NAME)
     if app is None:
         return
@@ -109,8 +132,10 @@ def use_tracking_receivers(job: FedJob, default_tb: TBAnalyticsReceiver | None) 
             components[default_id] = components.pop(added[0])
             app._oid_to_cid.pop(id(default_tb), None)
             app._oid_to_cid[id(components[default_id])] = default_id
+    rebuild = {_STOCK_MLFLOW: server_mlflow_receiver, _STOCK_WANDB: server_wandb_receiver}
     for cid, obj in list(components.items()):
-        if (type(obj).__module__, type(obj).__name__) == _STOCK_MLFLOW:
-            components[cid] = server_mlflow_receiver(obj)
+        build = rebuild.get((type(obj).__module__, type(obj).__name__))
+        if build is not None:
+            components[cid] = build(obj)
             app._oid_to_cid.pop(id(obj), None)
             app._oid_to_cid[id(components[cid])] = cid
