@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -162,6 +163,19 @@ def test_a_recipe_has_one_tensorboard_receiver_with_or_without_add_experiment_tr
             assert [(c["id"], c.get("args", {}).get("tb_folder", "tb_events")) for c in receivers] == [
                 ("receiver", folder)
             ], name
+
+
+def test_the_guides_tracking_example_runs_as_written(tmp_path, monkeypatch):
+    """docs/deploy.md, "Experiment tracking": its code exports a job with one TensorBoard receiver."""
+    guide = (Path(__file__).parents[1] / "docs" / "deploy.md").read_text()
+    section = guide.split("### Experiment tracking", 1)[1]
+    (block,) = re.findall(r"```python\n(.*?)```", section.split("\n### ", 1)[0], re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/deploy.md", "exec"), {})  # noqa: S102 - the guide's own code
+    tb = TBAnalyticsReceiver.__module__ + ".TBAnalyticsReceiver"
+    assert [c["id"] for c in _server_components(tmp_path / "jobs" / "feddraw") if c["path"] == tb] == [
+        "receiver"
+    ]
 
 
 @pytest.fixture
