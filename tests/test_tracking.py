@@ -264,6 +264,33 @@ def test_add_experiment_tracking_mlflow_records_the_servers_rows(tmp_path, fake_
     }  # the clients' runs as before
 
 
+def test_track_server_records_gives_a_stock_recipes_mlflow_receiver_a_server_run(tmp_path, fake_mlflow):
+    """Stock FedAvgRecipe with FedweighAggregator: after add_experiment_tracking(recipe, "mlflow"),
+    track_server_records(recipe) builds its receiver as ServerMLflowReceiver, arguments kept."""
+    from dataclasses import asdict
+
+    from nvflare.app_opt.pt.recipes.fedavg import FedAvgRecipe
+
+    from fedweigh.flare.recipes import CLIENT_SCRIPT, ModelSpec
+    from fedweigh.flare.tracking import track_server_records
+
+    recipe = FedAvgRecipe(
+        name="stock_tracked",
+        model={"class_path": "fedweigh.models.base.FedweighNet", "args": asdict(ModelSpec())},
+        min_clients=2,
+        num_rounds=2,
+        train_script=CLIENT_SCRIPT,
+        aggregator=FedweighAggregator(scheme="feddraw"),
+    )
+    add_experiment_tracking(recipe, "mlflow", {"kw_args": {"run_name": "mine"}})
+    track_server_records(recipe)
+    recipe.export(str(tmp_path))
+    (receiver,) = [c for c in _server_components(tmp_path / "stock_tracked") if "mlflow" in c["path"].lower()]
+    assert receiver["path"] == "fedweigh.flare.mlflow_tracking.ServerMLflowReceiver"
+    assert receiver["args"]["kw_args"]["run_name"] == "mine"
+    assert ANALYTIC_EVENT_TYPE in receiver["args"]["events"]
+
+
 @pytest.fixture
 def fake_wandb(monkeypatch):
     """A stand-in for the ``wandb`` package (not installed here), and W&B's run processes not started:

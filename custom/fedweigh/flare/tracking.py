@@ -16,7 +16,8 @@ sends. The receiver on the server records it under the server's name:
 
 :func:`use_tracking_receivers` does both for a recipe's job before export or run: one TensorBoard
 receiver on the server (the user's, when ``add_experiment_tracking`` added one, else fedweigh's
-default) and MLflow and W&B receivers that take the server's records.
+default) and MLflow and W&B receivers that take the server's records; :func:`track_server_records`
+does the latter for a stock recipe.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "ServerAnalytics",
     "server_mlflow_receiver",
     "server_wandb_receiver",
+    "track_server_records",
     "use_tracking_receivers",
 ]
 
@@ -139,3 +141,10 @@ def use_tracking_receivers(job: FedJob, default_tb: TBAnalyticsReceiver | None) 
             components[cid] = build(obj)
             app._oid_to_cid.pop(id(obj), None)
             app._oid_to_cid[id(components[cid])] = cid
+
+
+def track_server_records(recipe: Any) -> None:
+    """For a stock NVFlare recipe with :class:`~fedweigh.flare.aggregator.FedweighAggregator` (a
+    fedweigh recipe does this itself): call after ``add_experiment_tracking(recipe, "mlflow" |
+    "wandb")`` so that its receiver keeps a run for the aggregator's records."""
+    use_tracking_receivers(recipe._job, None)
