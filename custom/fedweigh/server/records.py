@@ -198,7 +198,7 @@ class RoundRecorder:
         sites = sorted({s for r in self.rows for s in r.get("weights", {})})
         table = io.StringIO()
         writer = csv.writer(table)
-        writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites], "excluded_sites"])
+        writer.writerow(["round", *scalar_keys, *[weight_tag(s) for s in sites], "excluded_sites"])
         for r in self.rows:
             w = r.get("weights", {})
             writer.writerow(
