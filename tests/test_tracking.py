@@ -31,6 +31,10 @@ from fedweigh.flare.tracking import ServerAnalytics
 from fedweigh.server.records import RoundRecorder, load_rows
 
 SERVER = "server"
+#: What provisioning/allow_fedweigh.py adds to a server's class allow-list.
+ALLOW_LIST = json.loads((Path(__file__).parents[1] / "provisioning" / "resources.json").read_text())[
+    "class_allow_list"
+]
 
 
 class _Engine:
@@ -229,6 +233,7 @@ def test_add_experiment_tracking_mlflow_records_the_servers_rows(tmp_path, fake_
     recipe.export(str(tmp_path))
     (receiver,) = [c for c in _server_components(tmp_path / "mlflow_job") if "mlflow" in c["path"].lower()]
     assert receiver["path"] == "fedweigh.flare.mlflow_tracking.ServerMLflowReceiver"
+    assert receiver["path"] in ALLOW_LIST  # a provisioned server with fedweigh's allow-list builds it
     assert ANALYTIC_EVENT_TYPE in receiver["args"]["events"]
     assert TBAnalyticsReceiver.__module__ + ".TBAnalyticsReceiver" in {
         c["path"] for c in _server_components(tmp_path / "mlflow_job")
@@ -332,6 +337,7 @@ def test_add_experiment_tracking_wandb_logs_the_servers_rows(tmp_path, fake_wand
     recipe.export(str(tmp_path))
     (receiver,) = [c for c in _server_components(tmp_path / "wandb_job") if "wandb" in c["path"].lower()]
     assert receiver["path"] == "fedweigh.flare.wandb_tracking.ServerWandBReceiver"
+    assert receiver["path"] in ALLOW_LIST
 
     from fedweigh.flare.wandb_tracking import ServerWandBReceiver
 

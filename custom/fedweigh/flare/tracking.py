@@ -32,7 +32,6 @@ from nvflare.app_opt.tracking.tb.tb_receiver import TBAnalyticsReceiver
 from nvflare.job_config.api import FedJob
 
 __all__ = [
-    "DEFAULT_RECEIVER_ID",
     "ServerAnalytics",
     "server_mlflow_receiver",
     "server_wandb_receiver",
@@ -40,8 +39,6 @@ __all__ = [
     "use_tracking_receivers",
 ]
 
-#: The id NVFlare's ``BaseFedJob`` and ``add_experiment_tracking`` give the server's receiver.
-DEFAULT_RECEIVER_ID = "receiver"
 _STOCK_MLFLOW = ("nvflare.app_opt.tracking.mlflow.mlflow_receiver", "MLflowReceiver")
 _STOCK_WANDB = ("nvflare.app_opt.tracking.wandb.wandb_receiver", "WandBReceiver")
 
