@@ -53,8 +53,8 @@ def test_cross_site_evaluation_runs_in_the_simulator(tmp_path):
         for metrics in scores.values():
             assert 0.0 <= metrics["val_auc"] <= 1.0
     # the sites' metrics reached the server's TensorBoard folder in its run folder (one per site),
-    # next to the controller's global metrics
+    # next to the controller's round records (under the server's name)
     (server_app,) = (p for p in tmp_path.rglob("app_server") if p.is_dir())
     for site in ("site-1", "site-2"):
         assert list((server_app.parent / "tb_events" / site).glob("events.out.tfevents.*")), site
-    assert list((server_app / "tb_events" / "global").glob("events.out.tfevents.*"))
+    assert list((server_app.parent / "tb_events" / "simulator_server").glob("events.out.tfevents.*"))

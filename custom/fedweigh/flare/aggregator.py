@@ -14,6 +14,11 @@ label histogram (CBR, DAFL unless ``mode="size"``, FedDisco) are refused at cons
 with the reason: use :class:`~fedweigh.flare.controller.FedweighController` (the fedweigh recipes) for
 them. An invalid result is skipped with a logged reason; if fewer than ``min_clients`` valid results
 remain, the previous global model is returned unchanged.
+
+Each round's record (the sites' mean metrics of the model they received as ``global/<metric>`` at
+step t - 1, each site's weight as ``weight/<site>`` and the scheme's values as ``scheme/<name>`` at
+step t; fedweigh's round t is NVFlare's round t - 1) is fired as NVFlare's analytics event, as the
+fedweigh controller does, for the receivers ``add_experiment_tracking(recipe, "tensorboard")`` adds.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from nvflare.app_common.aggregators.model_aggregator import ModelAggregator
 from nvflare.app_common.app_constant import AppConstants
 
 from fedweigh.arrays import Params, to_numpy_dict
+from fedweigh.flare.tracking import ServerAnalytics
 from fedweigh.protocol import META_NUM_SAMPLES
 from fedweigh.server.model_check import ModelProbe
+from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
 from fedweigh.server.safeguards import (
     DEFAULT_MIN_UPDATE_COSINE,
@@ -108,6 +115,8 @@ class FedweighAggregator(ModelAggregator):
         #: the round count the schedules use (``num_rounds``, else the workflow's once known)
         self._rounds: int | None = num_rounds
         self._warned_beyond = False
+        #: the rounds' records (no files), their scalars fired as NVFlare analytics events
+        self.recorder = RoundRecorder(None, scheme, sinks=[ServerAnalytics(self)], tensorboard=False)
 
     def accept_model(self, model: FLModel) -> None:
         self._results.append(model)
@@ -209,6 +218,7 @@ class FedweighAggregator(ModelAggregator):
             log=self.warning,
         )
         outcome = step.run(round_index, [self._client_result(r) for r in results])
+        self.recorder.add_outcome(outcome)
         if not outcome.updated:
             return FLModel(params_type=ParamsType.FULL, params=global_params or {})
         self.last_weights = dict(outcome.weights)

@@ -9,6 +9,11 @@ does, so that model selection and the other event-driven widgets work. The schem
 :mod:`fedweigh.weighting`, the round in :mod:`fedweigh.server`; this module only wires them into
 NVFlare.
 
+Every number the controller records of a round (:class:`~fedweigh.server.records.RoundRecorder`: the
+sites' mean metrics of the global model, each site's weight, the scheme's values) is also fired as
+NVFlare's analytics event (:class:`~fedweigh.flare.tracking.ServerAnalytics`), so the receivers of
+``add_experiment_tracking`` record it; step = fedweigh's round.
+
 After each round the global model is persisted through the job's persistor and the run state
 (round, scheme state, metric rows) to ``fedweigh_state.json`` + ``fedweigh_global.npz``, so a run
 started with ``resume_from`` pointing at that folder continues at round t+1 with the same state.
@@ -42,6 +47,7 @@ from fedweigh.checks import check_server_values
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.persistor import check_server_path
 from fedweigh.flare.statistics import run_statistics_phase
+from fedweigh.flare.tracking import ServerAnalytics
 from fedweigh.io import atomic_write_npz, atomic_write_text
 from fedweigh.protocol import (
     META_HE_REFUSED,
@@ -425,7 +431,9 @@ class FedweighController(ModelController):
             probe=self._probe(),
             log=self.warning,
         )
-        recorder = RoundRecorder(out_dir, self.scheme, rows)
+        # the rows' scalars leave as NVFlare analytics events (the job's receivers: TensorBoard,
+        # MLflow, W&B), not through a TensorBoard writer of the controller's own
+        recorder = RoundRecorder(out_dir, self.scheme, rows, sinks=[ServerAnalytics(self)], tensorboard=False)
         plan = {**step.plan(self.scheme, self.scheme_args), "budget_id": self._budget_id}
         self.info(f"privacy budget id {self._budget_id!r}; secure sums need at least {floor} contributions")
         tasks = NVFlareTasks(self, all_sites, out_dir)

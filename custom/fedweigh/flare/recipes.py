@@ -38,6 +38,7 @@ from fedweigh.data.pools import dataset_classes
 from fedweigh.errors import ConfigError
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.flare.persistor import FedweighModelPersistor
+from fedweigh.flare.tracking import use_tracking_receivers
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
 from fedweigh.secure.precision import check_precision_bits
@@ -333,16 +334,18 @@ def _new_job(
     app_packages: list[str],
     key_metric: str = "val_auc",
     key_metric_mode: str = "max",
+    analytics_receiver: TBAnalyticsReceiver | None = None,
 ) -> BaseFedJob:
-    """An empty PyTorch job whose sites' metrics (Client API SummaryWriter) stream to the server's
-    TensorBoard folder; ``app_packages``: packages the sites import from their installation;
-    ``key_metric``: the sites' metric NVFlare's model selector keeps the best global model by."""
+    """An empty PyTorch job whose sites' metrics (Client API SummaryWriter) and the server's round
+    records stream to ``analytics_receiver``, the server's TensorBoard folder; ``app_packages``:
+    packages the sites import from their installation; ``key_metric``: the sites' metric NVFlare's
+    model selector keeps the best global model by."""
     job = BaseFedJob(
         name=name,
         min_clients=min_clients,
         key_metric=key_metric,
         key_metric_mode=key_metric_mode,
-        analytics_receiver=TBAnalyticsReceiver(),
+        analytics_receiver=analytics_receiver or TBAnalyticsReceiver(),
     )
     if app_packages:
         job.set_app_packages(app_packages)
@@ -615,12 +618,15 @@ class FedweighRecipe(Recipe):
             array_cosine=array_cosine,
             clip_norm=clip_norm,
         )
+        #: the TensorBoard receiver every fedweigh job has; one that add_experiment_tracking adds replaces it
+        self._default_tb = TBAnalyticsReceiver()
         job = _new_job(
             name,
             min_clients,
             ([] if bundle else ["fedweigh"]) + installed_model_packages(model, bundle),
             key_metric,
             key_metric_mode,
+            self._default_tb,
         )
         persistor_id = self._setup_model_and_persistor(job, initial_ckpt)
         job.to_server(self.server_options.controller(persistor_id), id="controller")
@@ -671,6 +677,14 @@ class FedweighRecipe(Recipe):
             sorted(config),
             f"not taken by fedweigh recipes: {REFUSED_STOCK_ARGUMENTS['per_site_config']}",
         )
+
+    def finalize(self) -> None:
+        """Before export or run: one TensorBoard receiver on the server (the one
+        ``add_experiment_tracking(recipe, "tensorboard")`` added, else fedweigh's default), and the
+        receivers of ``add_experiment_tracking(recipe, "mlflow" | "wandb")`` built to take the
+        server's records too (:func:`fedweigh.flare.tracking.use_tracking_receivers`)."""
+        super().finalize()
+        use_tracking_receivers(self._job, self._default_tb)
 
     def process_env(self, env) -> None:
         """Before a run: an environment of fewer sites than ``min_clients`` is a ConfigError naming

@@ -2,7 +2,12 @@
 events and plots.
 
 The NVFlare controller and the benchmark both record a round's :class:`~fedweigh.server.rounds.RoundOutcome`
-with :meth:`RoundRecorder.add_outcome`, so their rows have one format.
+with :meth:`RoundRecorder.add_outcome`, so their rows have one format. Every number of a row is also
+handed, as a scalar ``(tag, value, step)``, to the recorder's sinks and (``tensorboard=True``) its own
+TensorBoard writer: the tags are :func:`metric_tag` (``global/val_auc``), :func:`weight_tag`
+(``weight/site-1``, as the CSV column) and :func:`value_tag` (``scheme/lambda``), the step is the
+row's round. The controller's sink sends them as NVFlare analytics events
+(:mod:`fedweigh.flare.tracking`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import io
 import json
 import logging
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fedweigh.io import atomic_write_text
@@ -20,7 +26,36 @@ from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
 from fedweigh.server.rounds import RoundOutcome
 from fedweigh.server.validation import check_site_metrics
 
+__all__ = [
+    "METRIC_LABELS",
+    "RoundRecorder",
+    "ScalarSink",
+    "load_rows",
+    "metric_tag",
+    "value_tag",
+    "weight_tag",
+]
+
 logger = logging.getLogger("fedweigh.recorder")
+
+#: Receives one scalar of a row: ``(tag, value, step)``, the step being the row's round.
+ScalarSink = Callable[[str, float, int], None]
+
+
+def metric_tag(name: str) -> str:
+    """Tag of a metric of the global model (``val_auc`` -> ``global/val_auc``)."""
+    return f"global/{name}"
+
+
+def weight_tag(site: str) -> str:
+    """Tag of a site's weight in a round (``site-1`` -> ``weight/site-1``, the CSV's column)."""
+    return f"weight/{site}"
+
+
+def value_tag(name: str) -> str:
+    """Tag of a value the server records with a round (the scheme's ``lambda``, ``round_seconds``, ...)."""
+    return f"scheme/{name}"
+
 
 #: How the metrics plot labels a row's scores (GM needs a threshold: the sites score it at 0.5).
 METRIC_LABELS = {
@@ -43,11 +78,22 @@ class RoundRecorder:
     (``global_updated``).
     """
 
-    def __init__(self, out_dir: str | Path | None, scheme: str, rows: list[dict] | None = None):
+    def __init__(
+        self,
+        out_dir: str | Path | None,
+        scheme: str,
+        rows: list[dict] | None = None,
+        sinks: Sequence[ScalarSink] = (),
+        tensorboard: bool = True,
+    ):
+        """``sinks``: called with every finite scalar of a row as it is recorded; ``tensorboard``:
+        also write them to ``<out_dir>/tb_events/global`` (off where the sinks reach TensorBoard)."""
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.scheme = scheme
         self.rows: list[dict] = list(rows or [])
-        self._tb = None
+        self.sinks: list[ScalarSink] = list(sinks)
+        self._tb = None if tensorboard else False
+        self._sink_failed: set[int] = set()
         #: names the server wrote on a row besides the fixed fields (the scheme's values,
         #: ``round_seconds``, ...): the sites' metrics may not take them
         self._server_keys: set[str] = set()
@@ -66,15 +112,28 @@ class RoundRecorder:
                 self._tb = False
         return self._tb or None
 
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        """One finite scalar to the TensorBoard writer and every sink; a failing sink is logged
+        (once) and the record goes on."""
+        if not math.isfinite(value):
+            return
+        tb = self._writer()
+        if tb is not None:
+            tb.add_scalar(tag, value, step)
+        for i, sink in enumerate(self.sinks):
+            try:
+                sink(tag, value, step)
+            except Exception as e:  # a tracking failure never stops the round's record
+                if i not in self._sink_failed:
+                    self._sink_failed.add(i)
+                    logger.warning("round %d: scalar %s not sent to %r: %s", step, tag, sink, e)
+
     def set_metrics(self, round_index: int, metrics: dict[str, float]) -> None:
         """Metrics of the global model after ``round_index`` rounds."""
         row = self._row(round_index)
         row.update({k: float(v) for k, v in metrics.items()})
-        tb = self._writer()
-        if tb is not None:
-            for key, value in metrics.items():
-                if math.isfinite(float(value)):
-                    tb.add_scalar(f"global/{key}", float(value), round_index)
+        for key, value in metrics.items():
+            self._scalar(metric_tag(key), float(value), round_index)
 
     def set_site_metrics(self, round_index: int, metrics: dict[str, float], who: str = "the sites") -> None:
         """The sites' (mean) metrics of the global model after ``round_index`` rounds, in their own
@@ -93,11 +152,10 @@ class RoundRecorder:
         row = self._row(round_index)
         row["weights"] = {k: float(v) for k, v in weights.items()}
         row.update({k: float(v) for k, v in values.items()})
-        tb = self._writer()
-        if tb is not None:
-            tb.add_scalars("weights", row["weights"], round_index)
-            for key, value in values.items():
-                tb.add_scalar(f"scheme/{key}", float(value), round_index)
+        for site, weight in row["weights"].items():
+            self._scalar(weight_tag(site), weight, round_index)
+        for key, value in values.items():
+            self._scalar(value_tag(key), float(value), round_index)
 
     def add_outcome(self, outcome: RoundOutcome, **values: float) -> None:
         """Record one round: the sites' mean metrics on the model they received (row t - 1), the
@@ -140,7 +198,7 @@ class RoundRecorder:
         sites = sorted({s for r in self.rows for s in r.get("weights", {})})
         table = io.StringIO()
         writer = csv.writer(table)
-        writer.writerow(["round", *scalar_keys, *[f"weight/{s}" for s in sites], "excluded_sites"])
+        writer.writerow(["round", *scalar_keys, *[weight_tag(s) for s in sites], "excluded_sites"])
         for r in self.rows:
             w = r.get("weights", {})
             writer.writerow(
