@@ -95,6 +95,12 @@ class TestScorer:
         return predict(self.model, self.test)
 
 
+def _realised_sites(fed: Federation) -> dict:
+    """``{"realised_sites": {site: {images, mix}}}`` when the scenario allowed shortfalls, else {}."""
+    got = {s.name: s.train.meta["realised"] for s in fed.sites if "realised" in s.train.meta}
+    return {"realised_sites": got} if got else {}
+
+
 def run_federated(
     spec: MethodSpec,
     fed: Federation,
@@ -255,6 +261,7 @@ def run_cell(
         "sites": [s.name for s in fed.sites],
         "rounds": config.rounds,
         "rows": rows,
+        **_realised_sites(fed),
         **({"safeguards": audit} if audit is not None else {}),
         "seconds": time.perf_counter() - t0,
     }
