@@ -105,6 +105,8 @@ def test_the_controls_run_as_bench_cells():
     record, _, _ = run_cell(config, "noisy-large", "uniform", 0)
     trained = [r for r in record["rows"] if "weights" in r]
     assert len(trained) == 2 and all(np.allclose(list(r["weights"].values()), 0.5) for r in trained)
+    # every cell records its per-hospital outcomes (the two sites of the run)
+    assert set(record["site_auc"]) == {"site-1", "site-2"} and record["site_images"]["site-1"] > 100
     record, _, _ = run_cell(config, "noisy-large", "feddraw-nosim", 0)
     first = [r for r in record["rows"] if "weights" in r][0]["weights"]
     assert first["site-1"] > 0.7  # round 1: the size prior (site-1 holds 55 of the 70%)

@@ -19,9 +19,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fedweigh.bench.cells import CELLS_DIR, cell_key, is_done, load_cell
+from fedweigh.bench.cells import CELLS_DIR, cell_key, is_done, load_cell, load_cell_scores
 from fedweigh.bench.cluster import run_cells
 from fedweigh.bench.config import BenchConfig
+from fedweigh.bench.federations import federation_for
+from fedweigh.bench.modes import site_outcomes
 from fedweigh.bench.report import SUMMARY_JSON, write_outputs
 from fedweigh.bench.tuning import tune_methods
 from fedweigh.errors import BenchError
@@ -54,6 +56,23 @@ def engine_layout(cells: int, cores: int | None = None) -> tuple[int, int]:
     cores = max(1, cores or os.cpu_count() or 1)
     jobs = max(1, min(cores, cells))
     return jobs, max(1, cores // jobs)
+
+
+def _with_site_outcomes(config: BenchConfig, record: dict, cells_dir: Path) -> dict:
+    """A cell stored before per-hospital outcomes existed gets them from its stored test predictions
+    and its rebuilt federation (the cell file is rewritten with them; its settings are unchanged)."""
+    if "site_auc" in record or record.get("task") is None:
+        return record
+    stored = load_cell_scores(cells_dir, record["key"])
+    if stored is None or not stored[0].size:
+        return record
+    scenario, seed = record["scenario"], int(record["seed"])
+    fed = federation_for(config, scenario, seed)
+    if len(fed.test) != stored[0].shape[1]:
+        return record
+    record = {**record, **site_outcomes(fed, config.scenario(scenario).site_names, stored[0])}
+    atomic_write_text(cells_dir / f"{record['key']}.json", json.dumps(record, indent=1, default=float))
+    return record
 
 
 def run_bench(
@@ -97,7 +116,7 @@ def run_bench(
         record = load_cell(cells_dir, cell_key(scenario, method, seed))
         if record is None:
             raise BenchError(f"cell {cell_key(scenario, method, seed)} is missing from {cells_dir}")
-        records.append(record)
+        records.append(_with_site_outcomes(config, record, cells_dir))
     summary = write_outputs(config, records, out, start, jobs=jobs)
     if tuning:
         summary["tuning"] = tuning
