@@ -28,6 +28,7 @@ from fedweigh.bench.report import SUMMARY_JSON, write_outputs
 from fedweigh.bench.tuning import tune_methods
 from fedweigh.errors import BenchError
 from fedweigh.io import atomic_write_text
+from fedweigh.kernels import KERNEL_SWITCH, PINNED_KERNELS, pin_cpu_kernels
 
 __all__ = ["CONFIG_JSON", "BenchResult", "engine_layout", "run_bench"]
 
@@ -88,10 +89,20 @@ def run_bench(
     scheduler address, e.g. ``tcp://10.0.0.5:8786``) runs them on an existing cluster instead.
     Outputs: ``results.csv``, ``summary.json``, ``report.md`` and ``plots/`` (see
     :mod:`fedweigh.bench.report`). Raises :class:`BenchError` naming the failed cells after the
-    others have finished.
+    others have finished. The CPU kernels are pinned first (:mod:`fedweigh.kernels`), for this
+    process if it has computed nothing yet and for every worker it starts.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    state = pin_cpu_kernels()
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    if os.environ.get(KERNEL_SWITCH, "").lower() != "native" and state["cpu_capability"].lower() != wanted:
+        logger.warning(
+            "CPU kernels: this process already computes with %s (torch fixed it before the pin to %s); "
+            "cells run here may differ in the last bits from pinned runs (workers started now are pinned)",
+            state["cpu_capability"],
+            wanted or PINNED_KERNELS["ATEN_CPU_CAPABILITY"],
+        )
     start = time.perf_counter()
     out = Path(out_dir)
     cells_dir = out / CELLS_DIR
