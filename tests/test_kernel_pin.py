@@ -96,3 +96,15 @@ def test_the_measured_effect_of_the_pin_is_committed():
         measured["largest_difference_pinned_vs_native"] == 0.0
     )
     assert measured["time_ratio_pinned_over_native"] > 0
+
+
+def test_a_recipe_run_in_the_simulator_env_pins_its_sites(monkeypatch):
+    from nvflare.recipe import SimEnv
+
+    from fedweigh.flare.recipes import MethodRecipe
+
+    for key in PINNED_KERNELS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv(KERNEL_SWITCH, raising=False)
+    MethodRecipe(method="uniform", num_rounds=1, min_clients=2).process_env(SimEnv(num_clients=2))
+    assert {k: os.environ[k] for k in PINNED_KERNELS} == PINNED_KERNELS
