@@ -76,7 +76,7 @@ def test_an_invalid_result_is_skipped_and_too_few_keep_the_model():
 
 #: The schemes the README says stock FedAvg can feed through FedweighAggregator (they weight from
 #: parameters, sample counts and steps); every other scheme is refused.
-STOCK_FEDAVG_SCHEMES = {"fedavg", "fedprox", "fednova", "fedadp", "ida", "fedawa", "feddraw"}
+STOCK_FEDAVG_SCHEMES = {"fedavg", "uniform", "fedprox", "fednova", "fedadp", "ida", "fedawa", "feddraw"}
 
 
 def test_the_schemes_stock_fedavg_can_feed_are_exactly_the_documented_ones():

@@ -27,6 +27,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "fedweigh.metrics",
             "fedweigh.plots",
             "fedweigh.imbalance",
+            "fedweigh.kernels",
         ),
     ),
     (

@@ -118,6 +118,9 @@ def test_ablations_and_the_paper_variant_have_the_right_parts():
         "fedbb-pnb": ("fedavg", "pnb"),
         "fedbb-cbr": ("cbr", "default"),
         "dafl-loss": ("fedavg", "dafl"),
+        "uniform": ("uniform", "default"),
+        "feddraw-nosim": ("feddraw", "default"),
+        "feddraw-noanneal": ("feddraw", "default"),
     }
     assert set(ABLATIONS) == {"fedbb-pnb", "fedbb-cbr", "dafl-loss"}
     # the loss's histogram still needs the statistics phase under FedAvg weights; CBR alone does not

@@ -348,8 +348,17 @@ def test_scalar_schemes_are_accepted(name):
 
 def test_the_refusal_names_the_schemes_that_run_under_he():
     """The list in the refusal is derived from the schemes themselves, not written out."""
-    assert he_capable_schemes() == ("cbr", "dafl", "fedavg", "feddisco", "feddraw", "fednova", "fedprox")
+    assert he_capable_schemes() == (
+        "cbr",
+        "dafl",
+        "fedavg",
+        "feddisco",
+        "feddraw",
+        "fednova",
+        "fedprox",
+        "uniform",
+    )
     with pytest.raises(
-        HEIncompatibleScheme, match=r"\(cbr, dafl, fedavg, feddisco, feddraw, fednova, fedprox\)"
+        HEIncompatibleScheme, match=r"\(cbr, dafl, fedavg, feddisco, feddraw, fednova, fedprox, uniform\)"
     ):
         get_scheme("ida").check_he()

@@ -10,7 +10,19 @@ from fedweigh.weighting import SCHEMES, ClientReport, get_scheme
 from fedweigh.weighting.base import ScalarContext, check_reports
 from fedweigh.weighting.geometry import delta_gram, layer_stats, model_similarity
 
-NAMES = ("fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa", "feddraw", "cbr", "dafl")
+NAMES = (
+    "fedavg",
+    "uniform",
+    "fedprox",
+    "fednova",
+    "fedadp",
+    "ida",
+    "feddisco",
+    "fedawa",
+    "feddraw",
+    "cbr",
+    "dafl",
+)
 
 
 def make_global(dtype=np.float64):

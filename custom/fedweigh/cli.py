@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from fedweigh.io import streamed_log
+from fedweigh.kernels import pinned_env
 from fedweigh.protocol import AUC_PLOT, METRICS_CSV, METRICS_JSON, WEIGHTS_PLOT
 
 DEFAULT_DEMO_JOB = "synthcxr_feddraw"
@@ -77,7 +78,7 @@ def run_simulator(job_dir: Path, workspace: Path, n_clients: int, threads: int |
     """``nvflare simulator JOB -w WS -n N -t T`` as a child process; returns its exit code."""
     cmd = simulator_command(job_dir, workspace, n_clients, threads)
     print("$ nvflare simulator", " ".join(cmd[4:]), flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=pinned_env())
 
 
 def _has_scores(row: dict) -> bool:
@@ -130,7 +131,7 @@ def run_simulator_with_progress(
     since = time.time() - 1.0
     shown: set[int] = set()
     with streamed_log(log_path) as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=pinned_env())
         while True:
             rc = proc.poll()
             # a round's line once its model is scored (the sites score it when the next round starts,

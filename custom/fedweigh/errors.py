@@ -21,6 +21,7 @@ __all__ = [
     "PretrainedCheckpointError",
     "PrivacyBudgetExhausted",
     "ScenarioFileError",
+    "ScenarioShortfall",
     "SimulationKeysRefused",
 ]
 
@@ -36,6 +37,15 @@ class ConfigError(ValueError):
     def __init__(self, source: str, field: str, value: Any, allowed: str):
         self.source, self.field, self.value, self.allowed = source, field, value, allowed
         super().__init__(f"{source}: {field} = {_show(value)} is not allowed; {allowed}")
+
+
+class ScenarioShortfall(ConfigError):
+    """A ``sites`` partition cannot give a site the size or label mix its scenario asks for; the
+    one-line message names the scenario, the site and what ran short."""
+
+    def __init__(self, scenario: str, site: str, message: str):
+        self.source, self.field, self.value, self.allowed = f"scenario {scenario!r}", site, None, ""
+        ValueError.__init__(self, message)
 
 
 class ScenarioFileError(ValueError):

@@ -49,6 +49,7 @@ __all__ = [
     "BASELINES",
     "CLIENT_OPTIONS",
     "CLIENT_OPTION_ALIASES",
+    "CONTROLS",
     "FEDBB_PAPER_CLIENT",
     "FEDERATED_METHODS",
     "KNOWN_METHODS",
@@ -212,6 +213,20 @@ _CATALOGUE: tuple[Method, ...] = (
     Method("fedbb-pnb", "fedavg", "pnb", description="ablation: FedBB's PNB loss with FedAvg weights"),
     Method("fedbb-cbr", "cbr", description="ablation: FedBB's CBR weights with the default loss (BCE / CE)"),
     Method("dafl-loss", "fedavg", "dafl", description="ablation: DAFL's loss with FedAvg weights"),
+    # attribution controls: a gain is credited to a mechanism only when it beats these
+    Method("uniform", "uniform", description="control: uniform averaging, w_k = 1/K"),
+    Method(
+        "feddraw-nosim",
+        "feddraw",
+        description="control: FedDRAW without the similarity (size prior under both schedules)",
+        scheme_args={"similarity": "off"},
+    ),
+    Method(
+        "feddraw-noanneal",
+        "feddraw",
+        description="control: FedDRAW without the outer annealing (beta_t = beta_max, rho 1)",
+        scheme_args={"rho": 1.0},
+    ),
 )
 
 #: Every catalogue entry by name: the ten methods, then the variants.
@@ -236,6 +251,9 @@ VARIANTS: tuple[str, ...] = tuple(m for m in METHODS if m not in FEDERATED_METHO
 
 #: The ablations: one part of a two-part method, the other replaced by FedAvg weights or the default loss.
 ABLATIONS: tuple[str, ...] = ("fedbb-pnb", "fedbb-cbr", "dafl-loss")
+
+#: The attribution controls: equal weights, and FedDRAW without each of its two mechanisms.
+CONTROLS: tuple[str, ...] = ("uniform", "feddraw-nosim", "feddraw-noanneal")
 
 #: The seven federated baselines FedDRAW is compared with.
 BASELINES: tuple[str, ...] = ("fedavg", "fedprox", "fednova", "fedadp", "ida", "feddisco", "fedawa")

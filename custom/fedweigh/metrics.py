@@ -118,6 +118,40 @@ def macro_auc(y_true: np.ndarray, y_score: np.ndarray) -> tuple[float, dict[int,
     return _macro(per_class), per_class
 
 
+def population_weights(groups: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Row weights that make a test set look like a population with group shares ``target``.
+
+    Row i of group g gets w_i = q_g / n_g, with n_g the test rows of group g and q the target shares
+    renormalised over the groups the test set holds (a group it lacks cannot be represented); the
+    weights sum to 1. A weighted metric then estimates the metric on a test set drawn from the
+    population's label mix (importance weighting; no rows are drawn, so no draw noise is added).
+    """
+    groups = np.asarray(groups, dtype=np.int64)
+    q = np.zeros(max(int(groups.max()) + 1, len(target)) if groups.size else len(target))
+    q[: len(target)] = np.asarray(target, dtype=np.float64)
+    counts = np.bincount(groups, minlength=q.size).astype(np.float64)
+    q = np.where(counts > 0, q, 0.0)
+    if not q.sum() > 0:
+        raise ValueError("the test set holds no row of any group the population has")
+    q /= q.sum()
+    return q[groups] / counts[groups]
+
+
+def weighted_macro_auc(y_true: np.ndarray, y_score: np.ndarray, weights: np.ndarray) -> float:
+    """Macro ROC AUC with row weights (``roc_auc_score(sample_weight=w)`` per class), over classes with
+    a positive and a negative among the rows of weight > 0; NaN when no class qualifies."""
+    y_score = _scores_2d(y_score)
+    y_ind = _indicator(y_true, y_score.shape[1])
+    _check_rows(y_ind, y_score)
+    w = np.asarray(weights, dtype=np.float64)
+    per_class: dict[int, float] = {}
+    for j in range(y_ind.shape[1]):
+        mask = _valid(np.where(w > 0, y_ind[:, j], np.nan))
+        if mask.any():
+            per_class[j] = float(roc_auc_score(y_ind[mask, j], y_score[mask, j], sample_weight=w[mask]))
+    return _macro(per_class)
+
+
 def geometric_mean(
     y_true: np.ndarray, y_score: np.ndarray, threshold: float | np.ndarray = 0.5
 ) -> tuple[float, dict[int, float]]:

@@ -97,7 +97,8 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         "method": spec.as_dict(),
     }
     if any(sc.name == scenario for sc in config.scenario_defs):  # a file's scenario: its definition
-        payload["scenario"] = asdict(config.scenario(scenario))
+        # shortfall (error or warn) changes no partition: left out, so stored cells stay valid
+        payload["scenario"] = {k: v for k, v in asdict(config.scenario(scenario)).items() if k != "shortfall"}
     return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

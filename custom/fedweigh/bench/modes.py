@@ -28,10 +28,11 @@ from fedweigh.bench.cells import cell_key, settings_hash
 from fedweigh.bench.config import BenchConfig, cell_args
 from fedweigh.bench.federations import federation_for, pool_sites, without_test
 from fedweigh.bench.sites import InProcessSites, make_sites
+from fedweigh.data import primary_labels
 from fedweigh.data.base import Federation, LabeledImages
 from fedweigh.histograms import global_stats_of
 from fedweigh.methods import MethodSpec
-from fedweigh.metrics import youden_thresholds
+from fedweigh.metrics import population_weights, weighted_macro_auc, youden_thresholds
 from fedweigh.server.loop import LoopSettings, run_rounds
 from fedweigh.server.model_check import ModelProbe
 from fedweigh.server.records import RoundRecorder
@@ -41,7 +42,15 @@ from fedweigh.site.trainer import SiteTrainer, build_site_model
 from fedweigh.train import evaluate, get_params, predict, set_params
 from fedweigh.weighting.geometry import use_model_buffers
 
-__all__ = ["TestScorer", "run_cell", "run_centralized", "run_federated", "run_local", "safeguard_audit"]
+__all__ = [
+    "TestScorer",
+    "run_cell",
+    "run_centralized",
+    "run_federated",
+    "run_local",
+    "safeguard_audit",
+    "site_outcomes",
+]
 
 logger = logging.getLogger("fedweigh.bench")
 
@@ -93,6 +102,55 @@ class TestScorer:
             return np.zeros((0, self.test.num_classes), dtype=np.float32)
         set_params(self.model, params)
         return predict(self.model, self.test)
+
+
+def _realised_sites(fed: Federation) -> dict:
+    """``{"realised_sites": {site: {images, mix}}}`` when the scenario allowed shortfalls, else {}."""
+    got = {s.name: s.train.meta["realised"] for s in fed.sites if "realised" in s.train.meta}
+    return {"realised_sites": got} if got else {}
+
+
+def site_outcomes(fed: Federation, site_names: list[str], scores: np.ndarray) -> dict:
+    """Each site's AUC on a test set drawn like its own population, and its size:
+    ``{"site_auc": {site: AUC}, "site_images": {site: train + val rows}}``.
+
+    A site's population is its label mix (shares of the primary-label groups of its train and val
+    rows; groups defined once over all sites' rows and the test rows, :func:`primary_labels`) and,
+    when the test set is mixed by site-domain (``test.domain``), its own domain's test rows. The
+    test rows are weighted to that mix (:func:`fedweigh.metrics.population_weights`) and scored by
+    :func:`~fedweigh.metrics.weighted_macro_auc` on the cell's final model(s): ``scores`` (S, N, C),
+    S = 1, or one model per site (``local``: each site's own). No extra inference: K weighted AUCs.
+    ``site_names``: the scenario's sites in order (``test.domain`` k is site k).
+    """
+    if not len(fed.test) or scores.shape[0] == 0:
+        return {}
+    labels = [np.asarray(s.train.labels) for s in fed.sites] + [np.asarray(s.val.labels) for s in fed.sites]
+    test_labels = np.asarray(fed.test.labels)
+    groups = primary_labels(np.concatenate([*labels, test_labels]), fed.test.task)
+    width = int(groups.max()) + 1
+    test_groups = groups[len(groups) - len(test_labels) :]
+    own, start = [], 0
+    for s in fed.sites:  # each site's train rows, then (below) its val rows, as concatenated above
+        own.append([groups[start : start + len(s.train)]])
+        start += len(s.train)
+    for k, s in enumerate(fed.sites):
+        own[k].append(groups[start : start + len(s.val)])
+        start += len(s.val)
+    out: dict[str, dict] = {"site_auc": {}, "site_images": {}}
+    for k, s in enumerate(fed.sites):
+        mix = np.bincount(np.concatenate(own[k]), minlength=width).astype(np.float64)
+        rows = np.ones(len(test_labels), dtype=bool)
+        if fed.test.domain is not None:
+            rows = np.asarray(fed.test.domain) == site_names.index(s.name)
+        model = scores[k] if scores.shape[0] == len(fed.sites) and scores.shape[0] > 1 else scores[0]
+        try:
+            w = population_weights(test_groups[rows], mix / mix.sum())
+            auc = weighted_macro_auc(test_labels[rows], model[rows], w)
+        except ValueError:  # no test row of any group the site holds
+            auc = float("nan")
+        out["site_auc"][s.name] = auc
+        out["site_images"][s.name] = len(s.train) + len(s.val)
+    return out
 
 
 def run_federated(
@@ -255,6 +313,8 @@ def run_cell(
         "sites": [s.name for s in fed.sites],
         "rounds": config.rounds,
         "rows": rows,
+        **(site_outcomes(fed, config.scenario(scenario).site_names, scores) if score_test else {}),
+        **_realised_sites(fed),
         **({"safeguards": audit} if audit is not None else {}),
         "seconds": time.perf_counter() - t0,
     }

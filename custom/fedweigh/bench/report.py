@@ -57,6 +57,9 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "weights",
     "scheme_values",
     "round_seconds",
+    "worst_site_auc",
+    "smallest_site_auc",
+    "site_auc",
 )
 
 #: summary.json keys, exactly.
@@ -82,6 +85,7 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "plateau_tolerance_auc",
     "bootstrap_resamples",
     "stats_notes",
+    "site_outcomes",
     "wall_seconds",
 )
 
@@ -94,10 +98,29 @@ def _is_scheme_value(key: str) -> bool:
     )
 
 
+def site_summary(record: dict) -> dict[str, float]:
+    """A cell's per-hospital outcomes (:func:`fedweigh.bench.modes.site_outcomes`) as flat keys:
+    ``site_auc/<site>``, ``worst_site_auc`` (the lowest) and ``smallest_site_auc`` (the site with the
+    fewest train + val images; the first of a tie); {} for a cell stored without them."""
+    aucs, sizes = record.get("site_auc"), record.get("site_images")
+    if not aucs or not sizes:
+        return {}
+    finite = [v for v in aucs.values() if v is not None and math.isfinite(v)]
+    smallest = min(sizes, key=lambda name: sizes[name])
+    return {
+        **{f"site_auc/{name}": float(v) for name, v in aucs.items()},
+        "worst_site_auc": min(finite) if finite else float("nan"),
+        "smallest_site_auc": float(aucs[smallest]),
+    }
+
+
 def results_frame(records: Sequence[dict]) -> pd.DataFrame:
-    """One row per (scenario, method, seed, round) with the columns of :data:`RESULT_COLUMNS`."""
+    """One row per (scenario, method, seed, round) with the columns of :data:`RESULT_COLUMNS`; the
+    final round's row carries the per-hospital outcomes (``site_auc`` as JSON {site: AUC})."""
     out = []
     for rec in records:
+        sites = site_summary(rec)
+        last = max(int(r["round"]) for r in rec["rows"]) if rec["rows"] else -1
         for row in rec["rows"]:
             item = {
                 "dataset": rec["dataset"],
@@ -111,6 +134,14 @@ def results_frame(records: Sequence[dict]) -> pd.DataFrame:
             item["weights"] = json.dumps(row.get("weights", {}), sort_keys=True)
             item["scheme_values"] = json.dumps(
                 {k: v for k, v in row.items() if _is_scheme_value(k)}, sort_keys=True
+            )
+            final = bool(sites) and int(row["round"]) == last
+            item["worst_site_auc"] = sites["worst_site_auc"] if final else np.nan
+            item["smallest_site_auc"] = sites["smallest_site_auc"] if final else np.nan
+            item["site_auc"] = (
+                json.dumps({k.split("/", 1)[1]: v for k, v in sites.items() if k.startswith("site_auc/")})
+                if final
+                else ""
             )
             out.append(item)
     return pd.DataFrame(out, columns=list(RESULT_COLUMNS))
@@ -151,6 +182,32 @@ def gm_05_table(against: AgainstFedAvg, methods: Sequence[str], scenarios: Seque
     return table.reindex(index=list(scenarios), columns=list(methods)).astype(np.float64)
 
 
+def site_outcomes_summary(records: Sequence[dict], methods: Sequence[str], scenarios: Sequence[str]) -> dict:
+    """summary.json's ``site_outcomes``: per method and scenario the means over seeds of the global
+    test AUC (``auc``), ``worst_site_auc``, ``smallest_site_auc`` and each ``site_auc/<site>``, with
+    ``seeds`` (cells that carry them); per method ``mean`` over the scenarios that have them."""
+    out: dict[str, dict] = {}
+    for m in methods:
+        by_scenario: dict[str, dict] = {}
+        for sc in scenarios:
+            cells = [(r, site_summary(r)) for r in records if r["method"] == m and r["scenario"] == sc]
+            cells = [(r, s) for r, s in cells if s]
+            if not cells:
+                continue
+            keys = sorted({k for _, s in cells for k in s})
+            entry = {"auc": _json_number(np.mean([r["rows"][-1].get("test_auc", np.nan) for r, _ in cells]))}
+            entry.update({k: _json_number(np.nanmean([s.get(k, np.nan) for _, s in cells])) for k in keys})
+            entry["seeds"] = len(cells)
+            by_scenario[sc] = entry
+        if by_scenario:
+            mean = {
+                k: _json_number(np.nanmean([np.nan if e[k] is None else e[k] for e in by_scenario.values()]))
+                for k in ("auc", "worst_site_auc", "smallest_site_auc")
+            }
+            out[m] = {"mean": mean, **by_scenario}
+    return out
+
+
 def build_summary(
     config,
     results: pd.DataFrame,
@@ -158,8 +215,9 @@ def build_summary(
     wall_seconds: float,
     against: AgainstFedAvg,
     n_resamples: int = N_RESAMPLES,
+    records: Sequence[dict] = (),
 ) -> dict:
-    """summary.json's content: exactly :data:`SUMMARY_KEYS`."""
+    """summary.json's content: exactly :data:`SUMMARY_KEYS` (``site_outcomes`` from ``records``)."""
     methods, scenarios = list(config.methods), list(config.scenarios)
     effects = against.effects
     summary = {
@@ -189,6 +247,7 @@ def build_summary(
         "plateau_tolerance_auc": float(against.plateau_tol),
         "bootstrap_resamples": int(n_resamples),
         "stats_notes": dict(against.notes),
+        "site_outcomes": site_outcomes_summary(records, methods, scenarios),
         "wall_seconds": float(wall_seconds),
     }
     assert tuple(summary) == SUMMARY_KEYS
@@ -537,6 +596,30 @@ def _score_table_lines(
     return lines
 
 
+def site_outcome_lines(summary: dict) -> list[str]:
+    """report.md's per-hospital outcomes: per method the global test AUC next to the worst site's
+    and the smallest site's (each on a test set weighted to that site's label mix), means over
+    scenarios and seeds; [] when no cell carries them."""
+    outcomes = summary.get("site_outcomes") or {}
+    if not outcomes:
+        return []
+    rows = [
+        (m, _fmt(o["mean"]["auc"]), _fmt(o["mean"]["worst_site_auc"]), _fmt(o["mean"]["smallest_site_auc"]))
+        for m, o in outcomes.items()
+    ]
+    return [
+        "### Per-hospital outcomes",
+        "",
+        "Each site's AUC on the test set weighted to its own label mix (and its own scanner's images "
+        "where the test set is mixed by site): does a method help the small hospital or the "
+        "federation as a whole? Means over scenarios and seeds; per scenario and site in summary.json "
+        "(`site_outcomes`).",
+        "",
+        markdown_table(("method", "global AUC", "worst site AUC", "smallest site AUC"), rows),
+        "",
+    ]
+
+
 def _nemenyi_lines(comparisons: dict) -> list[str]:
     """report.md's Nemenyi p-value matrices (AUC, GM) where the comparison has them."""
     lines: list[str] = []
@@ -608,6 +691,7 @@ def write_report(
             seeds_above_table(results, methods, scenarios),
             "",
         ]
+    lines += site_outcome_lines(summary)
     lines += _nemenyi_lines(comparisons)
     lines += _figure_lines(plots, out)
     lines += _note_lines(config, summary, comparisons, task)
@@ -636,7 +720,9 @@ def write_outputs(
         config.methods, config.scenarios, config.seeds, records, out / CELLS_DIR, n_resamples, jobs=jobs
     )
     plots = write_plots(config, records, results, comparisons, out)
-    summary = build_summary(config, results, comparisons, time.perf_counter() - start, against, n_resamples)
+    summary = build_summary(
+        config, results, comparisons, time.perf_counter() - start, against, n_resamples, records
+    )
     atomic_write_json(out / SUMMARY_JSON, summary, private=False, indent=1)
     if summary["effect_vs_fedavg"]:
         title = f"{config.dataset}: effects against FedAvg on test AUC"

@@ -19,13 +19,16 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fedweigh.bench.cells import CELLS_DIR, cell_key, is_done, load_cell
+from fedweigh.bench.cells import CELLS_DIR, cell_key, is_done, load_cell, load_cell_scores
 from fedweigh.bench.cluster import run_cells
 from fedweigh.bench.config import BenchConfig
+from fedweigh.bench.federations import federation_for
+from fedweigh.bench.modes import site_outcomes
 from fedweigh.bench.report import SUMMARY_JSON, write_outputs
 from fedweigh.bench.tuning import tune_methods
 from fedweigh.errors import BenchError
 from fedweigh.io import atomic_write_text
+from fedweigh.kernels import KERNEL_SWITCH, PINNED_KERNELS, pin_cpu_kernels
 
 __all__ = ["CONFIG_JSON", "BenchResult", "engine_layout", "run_bench"]
 
@@ -56,6 +59,23 @@ def engine_layout(cells: int, cores: int | None = None) -> tuple[int, int]:
     return jobs, max(1, cores // jobs)
 
 
+def _with_site_outcomes(config: BenchConfig, record: dict, cells_dir: Path) -> dict:
+    """A cell stored before per-hospital outcomes existed gets them from its stored test predictions
+    and its rebuilt federation (the cell file is rewritten with them; its settings are unchanged)."""
+    if "site_auc" in record or record.get("task") is None:
+        return record
+    stored = load_cell_scores(cells_dir, record["key"])
+    if stored is None or not stored[0].size:
+        return record
+    scenario, seed = record["scenario"], int(record["seed"])
+    fed = federation_for(config, scenario, seed)
+    if len(fed.test) != stored[0].shape[1]:
+        return record
+    record = {**record, **site_outcomes(fed, config.scenario(scenario).site_names, stored[0])}
+    atomic_write_text(cells_dir / f"{record['key']}.json", json.dumps(record, indent=1, default=float))
+    return record
+
+
 def run_bench(
     config: BenchConfig,
     out_dir: str | Path,
@@ -69,10 +89,20 @@ def run_bench(
     scheduler address, e.g. ``tcp://10.0.0.5:8786``) runs them on an existing cluster instead.
     Outputs: ``results.csv``, ``summary.json``, ``report.md`` and ``plots/`` (see
     :mod:`fedweigh.bench.report`). Raises :class:`BenchError` naming the failed cells after the
-    others have finished.
+    others have finished. The CPU kernels are pinned first (:mod:`fedweigh.kernels`), for this
+    process if it has computed nothing yet and for every worker it starts.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    state = pin_cpu_kernels()
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    if os.environ.get(KERNEL_SWITCH, "").lower() != "native" and state["cpu_capability"].lower() != wanted:
+        logger.warning(
+            "CPU kernels: this process already computes with %s (torch fixed it before the pin to %s); "
+            "cells run here may differ in the last bits from pinned runs (workers started now are pinned)",
+            state["cpu_capability"],
+            wanted or PINNED_KERNELS["ATEN_CPU_CAPABILITY"],
+        )
     start = time.perf_counter()
     out = Path(out_dir)
     cells_dir = out / CELLS_DIR
@@ -97,7 +127,7 @@ def run_bench(
         record = load_cell(cells_dir, cell_key(scenario, method, seed))
         if record is None:
             raise BenchError(f"cell {cell_key(scenario, method, seed)} is missing from {cells_dir}")
-        records.append(record)
+        records.append(_with_site_outcomes(config, record, cells_dir))
     summary = write_outputs(config, records, out, start, jobs=jobs)
     if tuning:
         summary["tuning"] = tuning

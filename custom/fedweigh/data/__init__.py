@@ -36,6 +36,7 @@ from fedweigh.data.scenarios import (
     primary_labels,
     scenario_table,
     site_label_divergence,
+    site_mixes,
 )
 from fedweigh.data.shift import AcquisitionProfile, apply_acquisition_shift, site_profile
 from fedweigh.data.synthcxr import generate_synthcxr, load_synthcxr
@@ -75,5 +76,6 @@ __all__ = [
     "resize_images",
     "scenario_table",
     "site_label_divergence",
+    "site_mixes",
     "site_profile",
 ]

@@ -12,6 +12,8 @@ Schema (docs/bench.md, "Your own scenario"; every key but ``name`` and the sites
     sample_fraction: 1.0          # fraction of sites sampled per round, in (0, 1]
     val_fraction: 0.1             # in [0, 1)
     test_mix: pool                # pool | equal | sizes | [one share per site]
+    shortfall: error              # error | warn: a site short of its label mix stops the run, or warns
+                                  #   (the run records what each site got)
     sites:
       - name: big-hospital        # default site-1, site-2, ...
         size: 1200                # rows (or share: 0.5; every site the same kind); sites partition only
@@ -40,6 +42,7 @@ import yaml
 from fedweigh.data.scenarios import (
     PARTITIONS,
     SCENARIOS,
+    SHORTFALLS,
     TEST_MIXES,
     Scenario,
     SiteLabels,
@@ -59,6 +62,7 @@ _TOP_KEYS = (
     "sample_fraction",
     "val_fraction",
     "test_mix",
+    "shortfall",
     "sites",
 )
 _SITE_KEYS = ("name", "size", "share", "labels", "shift", "label_noise")
@@ -369,6 +373,7 @@ def scenario_from_mapping(
             else None,
             label_noise=tuple(sites.noise) if any(sites.noise) else None,
             test_mix=test_mix,
+            shortfall=r.choice("shortfall", data.get("shortfall", "error"), SHORTFALLS),
             names=tuple(sites.names) if sites.names != [f"site-{i + 1}" for i in range(k)] else None,
             **kw,
         )

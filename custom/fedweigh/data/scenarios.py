@@ -26,6 +26,11 @@ Partitions (K sites, pool of n rows, m the minimum site size, all draws seeded):
   and is filled up to n_k with random rows left. pi_k is the pool's group distribution p (``pool``),
   uniform over the groups present (``balanced``: rich in rare findings) or pi_k ~ Dir(alpha p)
   (``alpha``; Hsu et al. 2019's per-client form: alpha -> inf gives p, alpha -> 0 one group).
+  What a site asks for must be there: a ``balanced``/``alpha`` site short of t_kg rows of a group, a
+  ``prevalence`` site short of round(p_c n_k) positives for c, or a ``pool`` site whose random rows hold
+  fewer than t_kg - tol_kg of a group (tol_kg = 4 sqrt(t_kg (1 - p_g)) + 2, beyond the draw's sampling
+  spread) raises :class:`~fedweigh.errors.ScenarioShortfall` naming the site and the group; with
+  ``shortfall="warn"`` it warns instead and :func:`site_mixes` records what each site got.
 
 Sites below m rows are topped up deterministically with random rows of the currently largest site
 (``label`` partitions). m = min(32, n // (2K)) (at least 2) so that the 50-site scenario also fits
@@ -48,12 +53,15 @@ import numpy as np
 from fedweigh.data.base import Federation, LabeledImages, SiteData, Task
 from fedweigh.data.pools import load_pool
 from fedweigh.data.shift import AcquisitionProfile, apply_acquisition_shift, degraded_profile, site_profile
+from fedweigh.errors import ScenarioShortfall
 
 Partition = Literal["iid", "quantity", "label", "quantity+label", "sites"]
 PARTITIONS: tuple[str, ...] = ("iid", "quantity", "label", "quantity+label", "sites")
 #: How the global test set is mixed over the sites' domains (see :func:`build_federation`).
 TEST_MIXES: tuple[str, ...] = ("pool", "equal", "sizes")
 LABEL_MIXES: tuple[str, ...] = ("pool", "balanced", "alpha", "prevalence")
+#: What a ``sites`` partition does when a site cannot get the label mix it asks for.
+SHORTFALLS: tuple[str, ...] = ("error", "warn")
 
 #: Preferred minimum images per site (two batches of 16); lowered to n // (2K) for small pools.
 MIN_SITE_SIZE = 32
@@ -118,9 +126,13 @@ class Scenario:
     test_mix: str | tuple[float, ...] = "pool"
     #: site names (None: site-1 .. site-K, as the NVFlare simulator names its clients)
     names: tuple[str, ...] | None = None
+    #: "sites" partition: "error" (a site short of its label mix stops the run) or "warn"
+    shortfall: str = "error"
 
     def __post_init__(self) -> None:
         where = f"scenario {self.name!r}"
+        if self.shortfall not in SHORTFALLS:
+            raise ValueError(f"{where}: shortfall must be one of {SHORTFALLS}, got {self.shortfall!r}")
         if self.num_sites < 1:
             raise ValueError(f"{where}: num_sites must be >= 1, got {self.num_sites}")
         if self.partition not in PARTITIONS:
@@ -296,6 +308,7 @@ _CATALOGUE: tuple[Scenario, ...] = (
         partition="sites",
         site_shares=(0.1, 0.3, 0.3, 0.3),
         site_labels=(SiteLabels("balanced"), SiteLabels(), SiteLabels(), SiteLabels()),
+        shortfall="warn",  # the pool holds too few of its rarest findings for an equal share
     ),
     Scenario(
         name="degraded-large",
@@ -315,6 +328,7 @@ _CATALOGUE: tuple[Scenario, ...] = (
         site_labels=tuple(SiteLabels("alpha", alpha=0.5) for _ in range(4)),
         site_shift=(1.0, 1.0, 1.0, 1.0),
         test_mix="equal",
+        shortfall="warn",  # a Dir(0.5 p) mix often asks for more of one group than the pool holds
     ),
 )
 
@@ -512,10 +526,25 @@ def _take(candidates: np.ndarray, count: int, rng: np.random.Generator) -> np.nd
     return rng.permutation(rows)[: max(0, min(count, len(rows)))]
 
 
+def _group_name(g: int, task: Task, class_names: tuple[str, ...]) -> str:
+    """A primary-label group's name: its class, or "no finding" (multi-label group C)."""
+    if g < len(class_names):
+        return class_names[g]
+    return "no finding" if task == "multilabel" else f"class {g}"
+
+
+def _pool_tolerance(target: int, p: float) -> int:
+    """Rows a ``pool`` site's random draw may fall short of its target t by: 4 sqrt(t (1 - p)) + 2."""
+    return int(np.ceil(4 * np.sqrt(target * (1 - p)))) + 2
+
+
 def _partition_sites(
     labels: np.ndarray, task: Task, scenario: Scenario, rng: np.random.Generator, class_names: tuple[str, ...]
 ) -> list[np.ndarray]:
-    """The ``sites`` partition (module docstring): exact sizes, label mixes as far as the pool allows."""
+    """The ``sites`` partition (module docstring): exact sizes and label mixes, or a
+    :class:`ScenarioShortfall` (a warning with ``shortfall="warn"``) naming the first site that ran short."""
+    import warnings
+
     n, k = int(np.asarray(labels).shape[0]), scenario.num_sites
     sizes = site_sizes(scenario, n)
     mixes = scenario.site_labels or tuple(SiteLabels() for _ in range(k))
@@ -527,10 +556,21 @@ def _partition_sites(
     order = [i for i in range(k) if mixes[i].kind == "prevalence"] + [
         i for i in range(k) if mixes[i].kind != "prevalence"
     ]
-    for site in order:
+    names = scenario.site_names
+    short: list[tuple[int, str]] = []
+    for rank, site in enumerate(order):
         mix, want = mixes[site], int(sizes[site])
+        before = names[site]
+        after = [names[i] for i in order[:rank]]
+        earlier = f"after {', '.join(after)}" if after else "in the pool"
+
+        def lack(
+            what: str, pct: float, target: int, got: str, site: int = site, before: str = before
+        ) -> None:
+            short.append((site, f"{before} asked for {pct:.0%} {what} ({target} images) but {got}"))
+
         taken = (
-            _prevalence_rows(labels, task, scenario, site, free, want, rng, class_names)
+            _prevalence_rows(labels, task, scenario, site, free, want, rng, class_names, lack, earlier)
             if (mix.kind == "prevalence")
             else []
         )
@@ -541,13 +581,65 @@ def _partition_sites(
                 dist[present] = rng.dirichlet(mix.alpha * pool_dist[present])
             target = _largest_remainder(dist, want)
             for g in np.flatnonzero(target):
+                left = int((free & (groups == g)).sum())
                 rows = _take(free & (groups == g), int(target[g]), rng)
+                if len(rows) < target[g]:
+                    name = _group_name(int(g), task, class_names)
+                    lack(name, target[g] / want, int(target[g]), f"only {left} remain {earlier}")
                 free[rows] = False
                 taken.append(rows)
+        left_before = np.bincount(groups[free], minlength=width)
         rows = _take(free, want - sum(len(t) for t in taken), rng)  # fill up with random rows left
         free[rows] = False
         parts[site] = np.concatenate([*taken, rows]).astype(np.int64)
+        if mix.kind == "pool":
+            target = _largest_remainder(pool_dist, want)
+            got = np.bincount(groups[parts[site]], minlength=width)
+            tol = np.array([_pool_tolerance(int(t), p) for t, p in zip(target, pool_dist, strict=True)])
+            for g in np.flatnonzero(got < target - tol):
+                name = _group_name(int(g), task, class_names)
+                lack(
+                    f"{name} (the pool's mix)",
+                    float(pool_dist[g]),
+                    int(target[g]),
+                    f"got {int(got[g])} ({int(left_before[g])} remained {earlier})",
+                )
+    if short:
+        first_site, message = short[0]
+        others = len(short) - 1
+        line = f"scenario {scenario.name!r}: {message}" + (
+            f" (and {others} more shortfalls)" if others else ""
+        )
+        if scenario.shortfall == "error":
+            raise ScenarioShortfall(
+                scenario.name,
+                names[first_site],
+                line
+                + "; give the sites fewer images of it, or set shortfall: warn to run with what they get",
+            )
+        for _, message in short:
+            warnings.warn(f"scenario {scenario.name!r}: {message}", stacklevel=3)
     return [np.sort(p) for p in parts]
+
+
+def site_mixes(
+    labels: np.ndarray, task: Task, parts: list[np.ndarray], names: list[str], class_names: tuple[str, ...]
+) -> dict[str, dict]:
+    """What each site really got: ``{site: {"images": n_k, "mix": {group: share of its rows}}}`` by
+    primary-label group (:func:`primary_labels`), groups it holds only."""
+    groups = primary_labels(labels, task)
+    width = int(groups.max()) + 1 if groups.size else 1
+    out: dict[str, dict] = {}
+    for name, rows in zip(names, parts, strict=True):
+        counts = np.bincount(groups[rows], minlength=width)
+        out[name] = {
+            "images": int(len(rows)),
+            "mix": {
+                _group_name(g, task, class_names): round(float(counts[g]) / max(len(rows), 1), 4)
+                for g in np.flatnonzero(counts)
+            },
+        }
+    return out
 
 
 def _prevalence_rows(
@@ -559,10 +651,12 @@ def _prevalence_rows(
     want: int,
     rng: np.random.Generator,
     class_names: tuple[str, ...],
+    lack: object = None,
+    earlier: str = "",
 ) -> list[np.ndarray]:
     """A ``prevalence`` site's rows (marked taken in ``free``): for each listed class c, rarest first,
     round(p_c n_k) rows positive for c in all (as far as the pool holds them), then rows negative for
-    every listed class up to n_k."""
+    every listed class up to n_k. ``lack(what, share, target, got)`` hears of each class short."""
     mix = scenario.site_labels[site]  # type: ignore[index]
     index = {name: c for c, name in enumerate(class_names)}
     unknown = [name for name, _ in mix.prevalence if name not in index]
@@ -577,7 +671,11 @@ def _prevalence_rows(
     for c, p in sorted(
         zip(listed, (p for _, p in mix.prevalence), strict=True), key=lambda cp: positive[:, cp[0]].sum()
     ):
-        rows = _take(free & positive[:, c], round(p * want) - int(positive[held, c].sum()), rng)
+        need = round(p * want) - int(positive[held, c].sum())
+        rows = _take(free & positive[:, c], need, rng)
+        if len(rows) < need and callable(lack):
+            left = int((free & positive[:, c]).sum())
+            lack(f"positive for {class_names[c]}", p, round(p * want), f"only {left} remain {earlier}")
         free[rows] = False
         held[rows] = True
     rows = _take(free & ~positive[:, listed].any(axis=1), want - int(held.sum()), rng)
@@ -685,6 +783,11 @@ def build_federation(
     parts = partition_indices(pool.labels, pool.task, sc, seed, pool.class_names)
     profiles = sc.profiles(seed) if sc.has_shift else [AcquisitionProfile()] * sc.num_sites
     noise = sc.label_noise or (0.0,) * sc.num_sites
+    got = (
+        site_mixes(pool.labels, pool.task, parts, sc.site_names, pool.class_names)
+        if sc.partition == "sites" and sc.shortfall == "warn"
+        else {}
+    )
     sites: list[SiteData] = []
     for k, (name, rows) in enumerate(zip(sc.site_names, parts, strict=True)):
         local = pool.subset(rows)
@@ -692,6 +795,8 @@ def build_federation(
             images = apply_acquisition_shift(local.images, profiles[k], _derived_seed(seed, _SHIFT_NOISE, k))
             local = _with_images(local, images)
         local.meta.update(site=name, scenario=sc.name, dataset=dataset)
+        if name in got:  # shortfall "warn": what the site really got (the bench records it per cell)
+            local.meta["realised"] = got[name]
         train, val = _split_train_val(local, sc.val_fraction, np.random.default_rng([seed, _VAL_SPLIT, k]))
         if noise[k] > 0:
             flipped = flip_labels(

@@ -39,6 +39,7 @@ from fedweigh.errors import ConfigError
 from fedweigh.flare.controller import DEFAULT_MIN_SECURE_SUM, DEFAULT_TRAIN_TIMEOUT, FedweighController
 from fedweigh.flare.persistor import FedweighModelPersistor
 from fedweigh.flare.tracking import use_tracking_receivers
+from fedweigh.kernels import pin_cpu_kernels
 from fedweigh.losses import loss_uses_global_stats
 from fedweigh.methods import BASELINES, METHODS, REFERENCE_METHODS, method_spec
 from fedweigh.secure.precision import check_precision_bits
@@ -688,7 +689,10 @@ class FedweighRecipe(Recipe):
 
     def process_env(self, env) -> None:
         """Before a run: an environment of fewer sites than ``min_clients`` is a ConfigError naming
-        both (NVFlare would end with ``min_responses ... must be less than length of targets`` in a log)."""
+        both (NVFlare would end with ``min_responses ... must be less than length of targets`` in a log).
+        A simulated run (``SimEnv``) pins the CPU kernels its sites compute with (:mod:`fedweigh.kernels`)."""
+        if type(env).__name__ == "SimEnv":
+            pin_cpu_kernels()
         sites = getattr(env, "num_clients", 0) or len(getattr(env, "clients", None) or [])
         needed = self.server_options.min_clients
         if sites and sites < needed:

@@ -22,6 +22,7 @@ from fedweigh.weighting.feddisco import FedDiscoWeights
 from fedweigh.weighting.feddraw import FedDRAWWeights
 from fedweigh.weighting.fednova import FedNovaWeights
 from fedweigh.weighting.ida import IDAWeights
+from fedweigh.weighting.uniform import UniformWeights
 
 __all__ = [
     "SCHEMES",
@@ -38,6 +39,7 @@ __all__ = [
     "HEIncompatibleScheme",
     "IDAWeights",
     "ScalarContext",
+    "UniformWeights",
     "WeightingScheme",
     "get_scheme",
     "he_capable_schemes",
@@ -48,6 +50,7 @@ SCHEMES: dict[str, type[WeightingScheme]] = {
     cls.name: cls
     for cls in (
         FedAvgWeights,
+        UniformWeights,
         FedProxWeights,
         FedNovaWeights,
         FedAdpWeights,

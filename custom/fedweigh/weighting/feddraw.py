@@ -10,6 +10,7 @@ Everything below the abstract's wording is a READING (docs/methods.md), every kn
              | mean_l cos(theta_k,l, theta_g,l)                        (similarity="layer")
              | cos(Delta_k, sum_j p_j Delta_j)                         (similarity="delta")
              | cos(Delta_k, theta_g^t - theta_g^{t-1})                 (similarity="direction", default)
+             | none: s~ = p, so r = p                                  (similarity="off": prior and schedules only)
     s^_k     = (s_k - min s) / (max s - min s), then / sum             (spread="minmax")
              | softmax_k(z_k / tau),  z = (s - mean s) / std s         (spread="softmax", default; tau = temperature)
              (all s equal -> 1/K in both)
@@ -69,10 +70,10 @@ from fedweigh.weighting.geometry import (
     model_similarity,
 )
 
-SimilarityMode = Literal["params", "delta", "layer", "direction"]
+SimilarityMode = Literal["params", "delta", "layer", "direction", "off"]
 SpreadMode = Literal["minmax", "softmax"]
 WeightForm = Literal["log", "plain"]
-SIMILARITY_MODES: tuple[str, ...] = ("params", "delta", "layer", "direction")
+SIMILARITY_MODES: tuple[str, ...] = ("params", "delta", "layer", "direction", "off")
 SPREAD_MODES: tuple[str, ...] = ("minmax", "softmax")
 
 
@@ -227,6 +228,10 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
         # Mode "delta" needs all deltas at the server: plaintext only.
         self.he_compatible = self.similarity != "delta"  # type: ignore[misc]
 
+    def scalars(self, *, encrypted: bool = False) -> tuple[str, ...]:
+        """Nothing with similarity "off" (no site computes one); else as every scheme."""
+        return () if self.similarity == "off" else super().scalars(encrypted=encrypted)
+
     @property
     def needs_previous_global(self) -> bool:
         """Whether the similarity compares with the previous global model (a site then passes the
@@ -241,7 +246,7 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
         Mode "delta" compares each delta with the mean of all deltas, which no client can compute:
         the client reports nothing and the server computes the similarity from the parameters.
         """
-        if self.similarity == "delta":
+        if self.similarity in ("delta", "off"):
             return {}
         params, global_params = ctx.models(self.name)
         return {"similarity": self._similarity_of(params, global_params, "client", ctx.previous_global)}
@@ -303,6 +308,8 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
         check_round(round_index, num_rounds)
         n = check_reports(reports, scheme=self.name)
         p = n / n.sum()
+        if self.similarity == "off":  # the ablation: the size prior under the two schedules only
+            return self._prior_only(p, round_index, num_rounds)
         s = self._similarities(reports, global_params, p)
         if self.similarity == "direction" and global_params is not None:
             # theta_g^t becomes theta_g^{t-1} of the next round (under HE the sites keep it instead)
@@ -336,6 +343,15 @@ class FedDRAWWeights(ParameterGeometry, WeightingScheme):
             "beta": beta,
         }
         return w
+
+    def _prior_only(self, p: np.ndarray, round_index: int, num_rounds: int) -> np.ndarray:
+        """similarity "off": r = p (the inner schedule mixes p with itself), w_k = tempered(p, beta_t)."""
+        lam = schedules.ramp(self.inner, schedules.progress(round_index, num_rounds), self.rate)
+        beta = schedules.deferred_anneal(
+            round_index, num_rounds, self.beta_max, self.rho, self.outer, self.rate
+        )
+        self.last_details = {"size_prior": p.tolist(), "lambda": lam, "reputation": p.tolist(), "beta": beta}
+        return tempered_weights(p, beta, self.form, self.eps)
 
     def state_dict(self) -> dict:
         """{"previous_global": base64 .npz of theta_g^{t-1}} in mode "direction" once a round was
