@@ -204,7 +204,9 @@ def _summary() -> dict:
                 "b": {"mean": -0.0065, "ci_low": -0.009, "ci_high": -0.004},
             }
         },
-        "effect_vs_fedavg_seeds": {e: seed_effects(s, ["fedavg", "m"], ["a", "b"]) for e, s in scores.items()},
+        "effect_vs_fedavg_seeds": {
+            e: seed_effects(s, ["fedavg", "m"], ["a", "b"]) for e, s in scores.items()
+        },
         "noise_floor_paired_auc": paired_noise_floor(scores["final"], ["fedavg", "m"], ["a", "b"]),
         "noise_floor_auc": 0.001,
         "endpoint_last_k": 3,

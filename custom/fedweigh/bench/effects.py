@@ -336,7 +336,12 @@ def finding_group_aucs(labels: np.ndarray, scores: np.ndarray) -> tuple[float, f
     rare = rare_findings(labels)
     common = [j for j in range(labels.shape[1]) if j not in rare]
     per = np.mean([per_finding_auc(labels, s) for s in scores], axis=0)
-    return float(np.nanmean(per[common])), float(np.nanmean(per[rare]))
+
+    def mean_defined(values: np.ndarray) -> float:  # a finding without both labels has no AUC
+        values = values[np.isfinite(values)]
+        return float(values.mean()) if values.size else float("nan")
+
+    return mean_defined(per[common]), mean_defined(per[rare])
 
 
 def plateau_reached(curve: Sequence[tuple[int, float]], rounds: int, tol: float) -> bool | None:
