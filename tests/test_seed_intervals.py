@@ -7,6 +7,7 @@ meta-analysis and power functions, scikit-learn's AUC, a simulation of the poole
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -78,6 +79,10 @@ def test_dersimonian_laird_matches_statsmodels_and_the_formula():
     assert (got.low, got.high) == pytest.approx((mu - 1.959963984540054 * se, mu + 1.959963984540054 * se))
     assert (got.low, got.high) == pytest.approx((low, high), abs=1e-12)
     assert got.p == pytest.approx(2 * stats.norm.sf(abs(mu) / se))
+    # the Hartung-Knapp interval: statsmodels' random-effects WLS row with t intervals
+    hk = combine_effects(y, v, method_re="dl", use_t=True).conf_int(alpha=0.05)[3]
+    assert (got.low_hk, got.high_hk) == pytest.approx(tuple(hk), abs=1e-12)
+    assert got.high_hk - got.low_hk > got.high - got.low
 
 
 def test_dersimonian_laird_with_homogeneous_effects_is_the_fixed_effect():
@@ -88,6 +93,7 @@ def test_dersimonian_laird_with_homogeneous_effects_is_the_fixed_effect():
     assert got.mean == pytest.approx((w * y).sum() / w.sum())
     one = dersimonian_laird([0.02], [4e-4])
     assert (one.mean, one.se, one.tau2) == pytest.approx((0.02, 0.02, 0.0))
+    assert one.low_hk is None and one.high_hk is None
     assert dersimonian_laird([0.02], [0.0]) is None
 
 
@@ -226,3 +232,36 @@ def test_report_verdicts_come_from_the_seed_interval_and_the_image_interval_is_l
     assert "random-effects estimate" in overview.splitlines()[0]
     line = within_noise_floor_line(summary, "b")
     assert line.startswith("- within the paired noise floor") and "m (" in line
+
+
+# ------------------------------------------------------------------------------ committed runs
+def test_committed_runs_seed_tables_match_an_independent_recount():
+    """The two SynthCXR grids: every effect's interval over seeds is SciPy's t interval of the final
+    rounds' paired differences, and 9 of their 56 method-scenario effects exclude 0 (against 37 with the
+    image-only intervals)."""
+    from pathlib import Path
+
+    from fedweigh.bench.tables import results_tables
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "results"
+    excluding = total = image_only = 0
+    for run in ("standard-synthcxr", "standard-synthcxr-baselines"):
+        results = pd.read_csv(root / run / "results.csv")
+        final = results[results["round"] == results["round"].max()].set_index(["scenario", "method", "seed"])[
+            "auc"
+        ]
+        table = results_tables(root / run)["effects_over_seeds:final"].splitlines()
+        header = [c.strip() for c in table[0].strip("|").split("|")]
+        for line in table[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            method = cells[0]
+            for sc in header[1:5]:
+                d = (final[sc][method] - final[sc]["fedavg"]).to_numpy()
+                low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+                assert cells[header.index(sc)] == f"{d.mean():+.4f} [{low:+.4f}, {high:+.4f}]"
+                excluding += low > 0 or high < 0
+                total += 1
+        summary = json.loads((root / run / "summary.json").read_text())
+        for by_scenario in summary["effect_vs_fedavg"].values():
+            image_only += sum(e["ci_low"] > 0 or e["ci_high"] < 0 for e in by_scenario.values())
+    assert (excluding, total, image_only) == (9, 56, 37)

@@ -544,6 +544,34 @@ def seeds_above_table(results: pd.DataFrame, methods: Sequence[str], scenarios: 
     return markdown_table(["method", *scenarios, "all"], rows)
 
 
+def seed_effects_table(effects: dict, scenarios: Sequence[str]) -> str:
+    """Per method: each scenario's effect with its 95% interval over seeds, the random-effects estimate
+    across scenarios with its interval, and the verdicts ("k of n" scenario intervals excluding 0).
+
+    ``effects``: one endpoint of ``effect_vs_fedavg_seeds`` (:func:`fedweigh.bench.effects.seed_effects`).
+    """
+
+    def cell(e: dict | None) -> str:
+        return "-" if e is None else f"{_signed(e['mean'])} {_interval(e['ci_low'], e['ci_high'])}"
+
+    rows = []
+    for method, by in effects.items():
+        per = [by["scenarios"].get(sc) for sc in scenarios]
+        verdicts = [verdict(e["ci_low"], e["ci_high"]) for e in per if e is not None]
+        pooled = by["pooled"]
+        rows.append(
+            [
+                method,
+                *[cell(e) for e in per],
+                cell(pooled),
+                verdict(pooled["ci_low"], pooled["ci_high"]) if pooled else "no evidence",
+                f"{sum(v != 'no evidence' for v in verdicts)} of {len(verdicts)}",
+            ]
+        )
+    header = ["method", *scenarios, "random effects", "verdict", "scenarios excluding 0"]
+    return markdown_table(header, rows)
+
+
 def effect_tables(summary: dict) -> list[str]:
     """report.md's effects against FedAvg, from summary.json alone: per scenario the effect on test AUC
     with its bootstrap interval and a line naming the effects within the noise floor; per method the

@@ -27,7 +27,9 @@ shuffles, so the seed is the unit of replication):
   Clinical Trials 7 (1986): per scenario i an effect y_i with variance v_i (its SE^2 over seeds),
   w_i = 1 / v_i, Q = sum w_i (y_i - y_FE)^2, tau^2 = max(0, (Q - (k - 1)) / (sum w - sum w^2 / sum w)),
   w*_i = 1 / (v_i + tau^2), mu = sum w*_i y_i / sum w*_i, SE(mu) = sum(w*)^-1/2, interval
-  mu +- z_{1-alpha/2} SE(mu), p from the normal;
+  mu +- z_{1-alpha/2} SE(mu), p from the normal; beside it, as a check for few scenarios, the
+  Hartung-Knapp-Sidik-Jonkman interval mu +- t_{1-alpha/2, k-1} SE_HK with
+  SE_HK^2 = sum w*_i (y_i - mu)^2 / ((k - 1) sum w*_i) (Hartung & Knapp, Stat Med 20 (2001));
 - **power** of that pooled test at a true effect delta (``pooled_power``), with S scenarios of n seeds,
   paired seed SD sigma and between-scenario variance tau^2: SE = sqrt((tau^2 + sigma^2 / n) / S),
   power = Phi(delta / SE - z_{1-alpha/2}) + Phi(-delta / SE - z_{1-alpha/2}); and of the per-scenario
@@ -253,8 +255,10 @@ class RandomEffects:
     i2: float
     k: int
     p: float
+    low_hk: float | None = None
+    high_hk: float | None = None
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | None]:
         return {
             "mean": self.mean,
             "ci_low": self.low,
@@ -265,18 +269,22 @@ class RandomEffects:
             "i2": self.i2,
             "k": self.k,
             "p": self.p,
+            "ci_low_hk": self.low_hk,
+            "ci_high_hk": self.high_hk,
         }
 
 
 def dersimonian_laird(
     effects: Sequence[float], variances: Sequence[float], confidence: float = 0.95
 ) -> RandomEffects | None:
-    """Random-effects estimate of the mean effect over scenarios (DerSimonian & Laird 1986).
+    """Random-effects estimate of the mean effect over scenarios (DerSimonian & Laird 1986), with the
+    Hartung-Knapp interval beside the normal one (None with one scenario).
 
     ``effects`` y_i and their ``variances`` v_i (> 0), one per scenario; None when no scenario has a
     finite effect with a positive variance. One scenario: tau^2 = 0 (the estimate is that scenario's).
     """
     from scipy.stats import norm
+    from scipy.stats import t as student_t
 
     pairs = [
         (float(y), float(v))
@@ -299,7 +307,12 @@ def dersimonian_laird(
     z = float(norm.ppf(0.5 + confidence / 2.0))
     i2 = max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0
     p = float(2.0 * norm.sf(abs(mean) / se))
-    return RandomEffects(mean, mean - z * se, mean + z * se, se, tau2, q, i2, k, p)
+    low_hk = high_hk = None
+    if k > 1:
+        se_hk = math.sqrt(float((w_star * (y - mean) ** 2).sum() / ((k - 1) * w_star.sum())))
+        half = float(student_t.ppf(0.5 + confidence / 2.0, k - 1)) * se_hk
+        low_hk, high_hk = mean - half, mean + half
+    return RandomEffects(mean, mean - z * se, mean + z * se, se, tau2, q, i2, k, p, low_hk, high_hk)
 
 
 def pooled_power(

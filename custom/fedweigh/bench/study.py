@@ -20,8 +20,8 @@ after the run.
 - **Analysis** (``analyse``): per claim and scenario the paired t interval over seeds of the primary
   endpoint's difference; across scenarios the DerSimonian-Laird estimate with its interval and p;
   Holm's correction over the claims; verdict ``better`` / ``worse`` when the Holm-adjusted p is below
-  alpha (by the estimate's sign), ``no evidence`` otherwise. The secondary endpoint (final round) is
-  reported beside it, not tested.
+  alpha (by the estimate's sign), ``no evidence`` otherwise. The Hartung-Knapp interval (a check for
+  few scenarios) and the secondary endpoint (final round) are reported beside it, not tested.
 """
 
 from __future__ import annotations
@@ -390,6 +390,9 @@ def claims_table(analysis: dict) -> str:
                 _num(c["p_holm"]),
                 _num(c["planned_power"], 2),
                 c["verdict"],
+                "-"
+                if p is None or p["ci_low_hk"] is None
+                else f"[{p['ci_low_hk']:+.4f}, {p['ci_high_hk']:+.4f}]",
                 "-" if s is None else f"{s['mean']:+.4f} [{s['ci_low']:+.4f}, {s['ci_high']:+.4f}]",
             ]
         )
@@ -401,6 +404,7 @@ def claims_table(analysis: dict) -> str:
         "p (Holm)",
         "power (planned)",
         "verdict",
+        "Hartung-Knapp 95% (sensitivity)",
         "final round: effect [95%]",
     ]
     return _md(header, rows)
