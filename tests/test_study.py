@@ -236,3 +236,20 @@ def test_a_tiny_study_runs_end_to_end_and_resumes(tmp_path):
     stamps = [c.stat().st_mtime_ns for c in cells]
     assert main(args) == 0  # a rerun reuses every stored cell
     assert [c.stat().st_mtime_ns for c in cells] == stamps
+
+
+def test_the_plan_runs_exactly_its_cells_or_names_a_method_not_yet_in_the_catalogue():
+    from fedweigh.bench.study import plan_config
+    from fedweigh.methods import ALL_METHODS, VARIANTS
+
+    plan = load_plan(PLAN)
+    missing = [m for m in plan.methods if m not in (*ALL_METHODS, *VARIANTS)]
+    if missing:
+        with pytest.raises(ValueError, match=f"unknown method '{missing[0]}'"):
+            plan_config(plan)
+        return
+    config = plan_config(plan)
+    assert sorted(config.cells()) == sorted(
+        (sc, m, s) for sc in plan.scenarios for m in plan.methods for s in plan.seeds
+    )
+    assert config.profile == "standard" and config.rounds == 30 and config.eval_every == 5
