@@ -20,6 +20,21 @@
   ``tol`` over the last third of its rounds, AUC(T) - AUC(t0) < tol with t0 the last scored round at
   or before floor(2T / 3); undefined when t0 is round 0 (then nothing separates training from the
   plateau: ``local`` is scored at rounds 0 and T only).
+
+The bootstrap above covers **test-set sampling only**. Training noise (a new seed) is in:
+
+- **Endpoints** (``endpoint_scores``): ``final`` = the test AUC at round T; ``last_k`` = the mean test
+  AUC over the last ``LAST_K`` scored rounds after round 0 (fewer when the run scored fewer), a
+  steadier figure than one round's.
+- **Seed-paired effects** (``seed_effects``): per scenario the paired t interval over seeds of
+  d_s = endpoint_method(s) - endpoint_reference(s) (:func:`fedweigh.bench.stats.paired_t_interval`),
+  and across scenarios the DerSimonian-Laird random-effects estimate with v_i = SE_i^2
+  (:func:`fedweigh.bench.stats.dersimonian_laird`). Verdicts (``verdict``) use these intervals.
+- **Paired noise floor** (``paired_noise_floor``): per method, the mean over scenarios of the standard
+  deviation across seeds (ddof 1) of d_s: how far the effect itself moves with the seed.
+- **Common and rare findings** (``finding_group_aucs``, multi-label only): the rare findings are the
+  ceil(C / 4) findings with the lowest prevalence among the test labels (ties: the first listed);
+  the common ones the others; each group's AUC is the mean of its findings' AUCs.
 """
 
 from __future__ import annotations
@@ -31,9 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from fedweigh.bench.cells import load_cell_scores
-from fedweigh.bench.stats import holm, wilcoxon_p
+from fedweigh.bench.stats import dersimonian_laird, holm, paired_t_interval, wilcoxon_p
 from fedweigh.methods import parse_method
 
 __all__ = [
@@ -41,16 +57,26 @@ __all__ = [
     "against_fedavg",
     "BOOTSTRAP_SEED",
     "CONFIDENCE",
+    "ENDPOINTS",
     "Effect",
+    "LAST_K",
+    "RARE_FRACTION",
     "N_RESAMPLES",
     "PLATEAU_TOL_AUC",
     "REFERENCE_METHOD",
     "bootstrap_aucs",
+    "endpoint_scores",
+    "finding_group_aucs",
     "indicator",
     "noise_floor",
     "paired_effect",
+    "paired_noise_floor",
+    "per_finding_auc",
     "plateau_reached",
+    "rare_findings",
     "resample_counts",
+    "seed_effects",
+    "verdict",
     "weighted_macro_auc",
 ]
 
@@ -62,6 +88,11 @@ N_RESAMPLES, BOOTSTRAP_SEED = 1000, 0
 CONFIDENCE = 0.95
 #: Plateau tolerance in AUC when the run has no noise floor (a single seed).
 PLATEAU_TOL_AUC = 0.005
+#: Scored rounds (after round 0) the ``last_k`` endpoint averages; the endpoints' names.
+LAST_K = 3
+ENDPOINTS: tuple[str, ...] = ("final", "last_k")
+#: Share of the findings counted rare (the lowest test prevalence), rounded up.
+RARE_FRACTION = 0.25
 #: Resamples scored at once (bounds the memory: chunk x test images floats).
 _CHUNK = 100
 
@@ -189,6 +220,130 @@ def noise_floor(final_auc: Sequence[tuple[str, str, int, float]]) -> float | Non
     return float(np.mean(sds)) if sds else None
 
 
+def endpoint_scores(results: pd.DataFrame, endpoint: str, last_k: int = LAST_K) -> pd.Series:
+    """Per (scenario, method, seed): the cell's test AUC at the ``endpoint`` (:data:`ENDPOINTS`).
+
+    ``final``: the AUC of the cell's last round (NaN when that round was not scored); ``last_k``: the
+    mean AUC of its last ``last_k`` scored rounds after round 0.
+    """
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {endpoint!r}; known: {', '.join(ENDPOINTS)}")
+    keys = ["scenario", "method", "seed"]
+    if endpoint == "final":
+        last = results["round"] == results.groupby(keys)["round"].transform("max")
+        return results[last].set_index(keys)["auc"].astype(np.float64).sort_index()
+    scored = results[(results["round"] > 0) & results["auc"].notna()].sort_values([*keys, "round"])
+    return scored.groupby(keys)["auc"].apply(lambda a: float(a.tail(last_k).mean())).sort_index()
+
+
+def _paired_differences(
+    scores: pd.Series, method: str, reference: str, scenario: str
+) -> tuple[list[int], np.ndarray]:
+    """(seeds, endpoint_method - endpoint_reference per seed) over the seeds both have a finite score."""
+    try:
+        a = scores.xs((scenario, method), level=("scenario", "method"))
+        b = scores.xs((scenario, reference), level=("scenario", "method"))
+    except KeyError:
+        return [], np.empty(0)
+    d = (a - b).dropna()
+    return [int(s) for s in d.index], d.to_numpy(dtype=np.float64)
+
+
+def seed_effects(
+    scores: pd.Series,
+    methods: Sequence[str],
+    scenarios: Sequence[str],
+    reference: str = REFERENCE_METHOD,
+    confidence: float = CONFIDENCE,
+) -> dict[str, dict]:
+    """Per method but ``reference``: ``scenarios`` (per scenario the paired t interval over seeds, as
+    :meth:`fedweigh.bench.stats.Interval.as_dict`, None with < 2 seeds) and ``pooled`` (the
+    DerSimonian-Laird estimate over the scenarios, v_i = SE_i^2; None when undefined).
+
+    ``scores``: :func:`endpoint_scores`' series.
+    """
+    out: dict[str, dict] = {}
+    for m in methods:
+        if m == reference:
+            continue
+        per: dict[str, dict | None] = {}
+        effects, variances = [], []
+        for sc in scenarios:
+            _, d = _paired_differences(scores, m, reference, sc)
+            interval = paired_t_interval(d, confidence)
+            per[sc] = None if interval is None else interval.as_dict()
+            if interval is not None:
+                effects.append(interval.mean)
+                variances.append(interval.se**2)
+        pooled = dersimonian_laird(effects, variances, confidence) if effects else None
+        out[m] = {"scenarios": per, "pooled": None if pooled is None else pooled.as_dict()}
+    return out
+
+
+def verdict(low: float | None, high: float | None) -> str:
+    """``better`` when the interval lies above 0, ``worse`` below, ``no evidence`` when it holds 0 or
+    is undefined."""
+    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
+        return "no evidence"
+    return "better" if low > 0 else "worse" if high < 0 else "no evidence"
+
+
+def paired_noise_floor(
+    scores: pd.Series, methods: Sequence[str], scenarios: Sequence[str], reference: str = REFERENCE_METHOD
+) -> dict[str, float | None]:
+    """Per method but ``reference``: the mean over scenarios of the seed standard deviation (ddof 1)
+    of the paired difference to ``reference``; None without a scenario of >= 2 paired seeds."""
+    floor: dict[str, float | None] = {}
+    for m in methods:
+        if m == reference:
+            continue
+        sds = []
+        for sc in scenarios:
+            _, d = _paired_differences(scores, m, reference, sc)
+            if d.size >= 2:
+                sds.append(float(np.std(d, ddof=1)))
+        floor[m] = float(np.mean(sds)) if sds else None
+    return floor
+
+
+def per_finding_auc(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """(C,) AUC of each finding (NaN where the test labels lack positives or negatives), by
+    :func:`weighted_macro_auc` on that finding's column alone."""
+    y = indicator(labels, scores.shape[1])
+    ones = np.ones((1, len(y)))
+    return np.array([weighted_macro_auc(y[:, [j]], scores[:, [j]], ones)[0] for j in range(y.shape[1])])
+
+
+def rare_findings(labels: np.ndarray, fraction: float = RARE_FRACTION) -> list[int]:
+    """Indices of the ceil(C x ``fraction``) findings with the lowest prevalence among the known test
+    labels (ties: the first listed)."""
+    y = np.asarray(labels, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        prevalence = np.nanmean(y, axis=0)
+    n_rare = int(np.ceil(y.shape[1] * fraction))
+    return sorted(int(j) for j in np.argsort(prevalence, kind="stable")[:n_rare])
+
+
+def finding_group_aucs(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float] | None:
+    """(common-finding AUC, rare-finding AUC) of a multi-label test set (:func:`rare_findings`); each
+    the mean AUC of its findings, ``scores`` (S, N, C) averaged over the S models; None for
+    multi-class labels or fewer than two findings."""
+    labels = np.asarray(labels)
+    if labels.ndim != 2 or labels.shape[1] < 2:
+        return None
+    scores = np.asarray(scores, dtype=np.float64)
+    scores = scores[None] if scores.ndim == 2 else scores
+    rare = rare_findings(labels)
+    common = [j for j in range(labels.shape[1]) if j not in rare]
+    per = np.mean([per_finding_auc(labels, s) for s in scores], axis=0)
+
+    def mean_defined(values: np.ndarray) -> float:  # a finding without both labels has no AUC
+        values = values[np.isfinite(values)]
+        return float(values.mean()) if values.size else float("nan")
+
+    return mean_defined(per[common]), mean_defined(per[rare])
+
+
 def plateau_reached(curve: Sequence[tuple[int, float]], rounds: int, tol: float) -> bool | None:
     """Whether AUC(T) - AUC(t0) < ``tol``, t0 the last scored round <= floor(2T / 3); None when t0 = 0.
 
@@ -215,13 +370,14 @@ class AgainstFedAvg:
     plateau_tol: float
     gm_05: dict[tuple[str, str, int], float] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    finding_groups: dict[tuple[str, str, int], tuple[float, float]] = field(default_factory=dict)
 
 
 def _cell_statistics(
     cells_dir: Path, key: str, seed: int, n_resamples: int, bootstrap_seed: int, bootstrap: bool
-) -> tuple[np.ndarray, float, tuple[float, np.ndarray] | None] | None:
-    """(test labels, GM at 0.5, :func:`bootstrap_aucs` or None) of a stored cell; None if it has no
-    stored predictions."""
+) -> tuple[np.ndarray, float, tuple[float, np.ndarray] | None, tuple[float, float] | None] | None:
+    """(test labels, GM at 0.5, :func:`bootstrap_aucs` or None, :func:`finding_group_aucs`) of a stored
+    cell; None if it has no stored predictions."""
     from fedweigh.metrics import geometric_mean
 
     loaded = load_cell_scores(cells_dir, key)
@@ -233,6 +389,7 @@ def _cell_statistics(
         labels,
         gm,
         bootstrap_aucs(scores, labels, seed, n_resamples, bootstrap_seed) if bootstrap else None,
+        finding_group_aucs(labels, scores),
     )
 
 
@@ -262,12 +419,14 @@ def _plateau_fractions(methods: Sequence[str], by_cell: dict, tol: float) -> dic
 
 def _score_cells(
     by_cell: dict, cells_dir: Path, n_resamples: int, bootstrap_seed: int, with_bootstrap: bool, jobs: int
-) -> tuple[dict[tuple[str, str, int], float], dict[tuple[str, str, int], tuple[float, np.ndarray]]]:
-    """(GM at 0.5 per cell, bootstrap of the test AUC per cell) from the stored test predictions, in
+) -> tuple[dict, dict, dict]:
+    """(GM at 0.5 per cell, bootstrap of the test AUC per cell, (common, rare) finding AUC per cell)
+    from the stored test predictions, in
     ``jobs`` processes; ValueError when two methods' cells of one scenario and seed have different
     test labels."""
     gm_05: dict[tuple[str, str, int], float] = {}
     cached: dict[tuple[str, str, int], tuple[float, np.ndarray]] = {}
+    groups: dict[tuple[str, str, int], tuple[float, float]] = {}
     test_labels: dict[tuple[str, int], np.ndarray] = {}
     keys = list(by_cell)
     tasks = [(cells_dir, by_cell[k]["key"], k[2], n_resamples, bootstrap_seed, with_bootstrap) for k in keys]
@@ -281,7 +440,7 @@ def _score_cells(
     for key, result in zip(keys, scored, strict=True):
         if result is None:
             continue
-        labels, gm_05[key], boot = result
+        labels, gm_05[key], boot, group = result
         shared = test_labels.setdefault((key[0], key[2]), labels)
         if not np.array_equal(shared, labels, equal_nan=True):
             raise ValueError(
@@ -289,7 +448,9 @@ def _score_cells(
             )
         if boot is not None:
             cached[key] = boot
-    return gm_05, cached
+        if group is not None:
+            groups[key] = group
+    return gm_05, cached, groups
 
 
 def _effects(
@@ -337,10 +498,16 @@ def against_fedavg(
             "null for a method none of whose cells has a scored round after round 0 and at or before 2T/3"
         )
     with_bootstrap = REFERENCE_METHOD in methods
-    gm_05, cached = _score_cells(by_cell, cells_dir, n_resamples, bootstrap_seed, with_bootstrap, jobs)
+    gm_05, cached, groups = _score_cells(
+        by_cell, cells_dir, n_resamples, bootstrap_seed, with_bootstrap, jobs
+    )
+    if not groups:
+        notes["mean_auc_common"] = notes["mean_auc_rare"] = (
+            "common and rare findings are defined for multi-label test sets with stored predictions"
+        )
     if not with_bootstrap:
         notes["effect_vs_fedavg"] = notes["wilcoxon_holm_p_auc"] = "FedAvg is not among the run's methods"
-        return AgainstFedAvg(None, None, floor, plateau, tol, gm_05, notes)
+        return AgainstFedAvg(None, None, floor, plateau, tol, gm_05, notes, groups)
     effects = _effects(methods, scenarios, seeds, cached)
     raw = {
         m: wilcoxon_p([e.mean if e is not None else np.nan for e in effects[m].values()])
@@ -351,4 +518,4 @@ def against_fedavg(
         notes["wilcoxon_holm_p_auc"] = (
             "null for a method whose per-scenario effects are all zero or undefined"
         )
-    return AgainstFedAvg(effects, holm(raw), floor, plateau, tol, gm_05, notes)
+    return AgainstFedAvg(effects, holm(raw), floor, plateau, tol, gm_05, notes, groups)

@@ -19,7 +19,18 @@ import pandas as pd
 import fedweigh.bench.curves as curves
 import fedweigh.bench.plots as bp
 from fedweigh.bench.cells import CELLS_DIR, load_cell_scores
-from fedweigh.bench.effects import N_RESAMPLES, REFERENCE_METHOD, AgainstFedAvg, against_fedavg
+from fedweigh.bench.effects import (
+    ENDPOINTS,
+    LAST_K,
+    N_RESAMPLES,
+    REFERENCE_METHOD,
+    AgainstFedAvg,
+    against_fedavg,
+    endpoint_scores,
+    paired_noise_floor,
+    seed_effects,
+    verdict,
+)
 from fedweigh.bench.stats import Comparison, compare
 from fedweigh.io import atomic_write_json, atomic_write_text
 from fedweigh.methods import REFERENCE_METHODS, parse_method
@@ -80,7 +91,14 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "mean_gm_05",
     "effect_vs_fedavg",
     "wilcoxon_holm_p_auc",
+    "effect_vs_fedavg_seeds",
+    "interval_sources",
+    "endpoint_last_k",
+    "mean_auc_last_k",
+    "mean_auc_common",
+    "mean_auc_rare",
     "noise_floor_auc",
+    "noise_floor_paired_auc",
     "plateau_reached",
     "plateau_tolerance_auc",
     "bootstrap_resamples",
@@ -207,6 +225,53 @@ def site_outcomes_summary(records: Sequence[dict], methods: Sequence[str], scena
             out[m] = {"mean": mean, **by_scenario}
     return out
 
+#: What each interval of summary.json covers.
+INTERVAL_SOURCES: dict[str, str] = {
+    "effect_vs_fedavg": "test-set sampling only: paired bootstrap over the test images, seeds pooled",
+    "effect_vs_fedavg_seeds": (
+        "training noise included: per scenario a paired t interval over seeds of the per-seed "
+        "differences; across scenarios a DerSimonian-Laird random-effects estimate"
+    ),
+}
+
+
+def group_auc_table(
+    against: AgainstFedAvg, methods: Sequence[str], scenarios: Sequence[str], group: int
+) -> pd.DataFrame:
+    """Scenarios x methods: common (``group`` 0) or rare (1) finding AUC of the final model(s),
+    averaged over seeds."""
+    frame = pd.DataFrame(
+        [(sc, m, s, v[group]) for (sc, m, s), v in against.finding_groups.items()],
+        columns=["scenario", "method", "seed", "auc"],
+    )
+    table = (
+        frame.groupby(["scenario", "method"])["auc"].mean().unstack("method")
+        if len(frame)
+        else pd.DataFrame()
+    )
+    return table.reindex(index=list(scenarios), columns=list(methods)).astype(np.float64)
+
+
+def seed_statistics(results: pd.DataFrame, methods: Sequence[str], scenarios: Sequence[str]) -> dict:
+    """The seed-inclusive part of summary.json from the per-round results alone: ``effect_vs_fedavg_seeds``
+    (per endpoint, :func:`fedweigh.bench.effects.seed_effects`; None without FedAvg),
+    ``mean_auc_last_k`` and ``noise_floor_paired_auc`` (final round)."""
+    scores = {e: endpoint_scores(results, e) for e in ENDPOINTS}
+    last_k = scores["last_k"].groupby(["scenario", "method"]).mean().unstack("method")
+    last_k = last_k.reindex(index=list(scenarios), columns=list(methods)).astype(np.float64)
+    has_reference = REFERENCE_METHOD in methods
+    return {
+        "effect_vs_fedavg_seeds": {e: seed_effects(s, methods, scenarios) for e, s in scores.items()}
+        if has_reference
+        else None,
+        "mean_auc_last_k": _mean_by_method(last_k),
+        "noise_floor_paired_auc": {
+            m: _json_number(v) for m, v in paired_noise_floor(scores["final"], methods, scenarios).items()
+        }
+        if has_reference
+        else None,
+    }
+
 
 def build_summary(
     config,
@@ -220,6 +285,7 @@ def build_summary(
     """summary.json's content: exactly :data:`SUMMARY_KEYS` (``site_outcomes`` from ``records``)."""
     methods, scenarios = list(config.methods), list(config.scenarios)
     effects = against.effects
+    seeds = seed_statistics(results, methods, scenarios)
     summary = {
         "dataset": config.dataset,
         "profile": config.profile,
@@ -242,7 +308,14 @@ def build_summary(
             for m, by_sc in effects.items()
         },
         "wilcoxon_holm_p_auc": against.wilcoxon_holm_p,
+        "effect_vs_fedavg_seeds": seeds["effect_vs_fedavg_seeds"],
+        "interval_sources": dict(INTERVAL_SOURCES),
+        "endpoint_last_k": LAST_K,
+        "mean_auc_last_k": seeds["mean_auc_last_k"],
+        "mean_auc_common": _mean_by_method(group_auc_table(against, methods, scenarios, 0)),
+        "mean_auc_rare": _mean_by_method(group_auc_table(against, methods, scenarios, 1)),
         "noise_floor_auc": against.noise_floor,
+        "noise_floor_paired_auc": seeds["noise_floor_paired_auc"],
         "plateau_reached": against.plateau,
         "plateau_tolerance_auc": float(against.plateau_tol),
         "bootstrap_resamples": int(n_resamples),
@@ -392,8 +465,43 @@ def _signed(x: float | None) -> str:
     return "-" if x is None else f"{x:+.4f}"
 
 
+def _interval(low: float | None, high: float | None) -> str:
+    return "-" if low is None or high is None else f"[{_signed(low)}, {_signed(high)}]"
+
+
+def _seed_scenario_table(summary: dict, scenario: str, endpoint: str = "final") -> str:
+    """method | effect | seed-paired 95% interval | verdict | 95% interval, test-set sampling only."""
+    seeds = summary["effect_vs_fedavg_seeds"][endpoint]
+    rows = []
+    for method, by_scenario in summary["effect_vs_fedavg"].items():
+        s = seeds.get(method, {}).get("scenarios", {}).get(scenario)
+        e = by_scenario.get(scenario)
+        rows.append(
+            [
+                method,
+                _signed(s["mean"]) if s else _signed(e["mean"]) if e else "-",
+                _interval(s["ci_low"], s["ci_high"]) if s else "-",
+                verdict(s["ci_low"], s["ci_high"]) if s else "no evidence (< 2 seeds)",
+                _interval(e["ci_low"], e["ci_high"]) if e else "-",
+            ]
+        )
+    header = [
+        "method",
+        "effect",
+        "95% interval over seeds",
+        "verdict",
+        "95% interval, test-set sampling only",
+    ]
+    return markdown_table(header, rows)
+
+
 def effect_scenario_table(summary: dict, scenario: str) -> str:
-    """One scenario's effects against FedAvg: method | effect | 95% interval | excludes 0."""
+    """One scenario's effects against FedAvg. With seed-paired intervals in the summary: method |
+    effect | 95% interval over seeds | verdict (from that interval) | 95% interval, test-set sampling
+    only; a summary without them (written before they existed): method | effect | 95% interval |
+    excludes 0."""
+    if summary.get("effect_vs_fedavg_seeds"):
+        return _seed_scenario_table(summary, scenario)
     rows = []
     for method, by_scenario in summary["effect_vs_fedavg"].items():
         e = by_scenario.get(scenario)
@@ -407,7 +515,22 @@ def effect_scenario_table(summary: dict, scenario: str) -> str:
 
 
 def within_noise_floor_line(summary: dict, scenario: str) -> str | None:
-    """The line naming the scenario's effects with |effect| < noise floor; None without a noise floor."""
+    """The line naming the scenario's effects with |effect| < noise floor; None without a noise floor.
+
+    With paired floors in the summary (``noise_floor_paired_auc``) each method's effect is set against
+    the seed SD of its own paired difference to FedAvg; otherwise against the raw AUC's seed SD."""
+    paired = summary.get("noise_floor_paired_auc")
+    if paired:
+        within = [
+            f"{m} ({paired[m]:.4f})"
+            for m, by_scenario in summary["effect_vs_fedavg"].items()
+            if by_scenario.get(scenario) is not None
+            and paired.get(m) is not None
+            and abs(by_scenario[scenario]["mean"]) < paired[m]
+        ]
+        if not within:
+            return "- no effect lies within its paired noise floor"
+        return f"- within the paired noise floor (|effect| < seed SD of the paired difference): {', '.join(within)}"
     floor = summary["noise_floor_auc"]
     if floor is None:
         return None
@@ -437,6 +560,21 @@ def effect_overview_table(summary: dict) -> str:
             ]
         )
     header = ["method", "mean effect", "scenarios above FedAvg", "Wilcoxon p (Holm)", "plateau reached"]
+    seeds = summary.get("effect_vs_fedavg_seeds")
+    if seeds:
+        header += [
+            "random-effects estimate [95%], final",
+            "verdict",
+            f"random-effects estimate [95%], last {summary.get('endpoint_last_k', LAST_K)}",
+        ]
+        for row in rows:
+            pooled = {e: (seeds[e].get(row[0]) or {}).get("pooled") for e in ENDPOINTS}
+            final, last = pooled["final"], pooled["last_k"]
+            row += [
+                f"{_signed(final['mean'])} {_interval(final['ci_low'], final['ci_high'])}" if final else "-",
+                verdict(final["ci_low"], final["ci_high"]) if final else "no evidence (undefined)",
+                f"{_signed(last['mean'])} {_interval(last['ci_low'], last['ci_high'])}" if last else "-",
+            ]
     return markdown_table(header, rows)
 
 
@@ -464,6 +602,34 @@ def seeds_above_table(results: pd.DataFrame, methods: Sequence[str], scenarios: 
     return markdown_table(["method", *scenarios, "all"], rows)
 
 
+def seed_effects_table(effects: dict, scenarios: Sequence[str]) -> str:
+    """Per method: each scenario's effect with its 95% interval over seeds, the random-effects estimate
+    across scenarios with its interval, and the verdicts ("k of n" scenario intervals excluding 0).
+
+    ``effects``: one endpoint of ``effect_vs_fedavg_seeds`` (:func:`fedweigh.bench.effects.seed_effects`).
+    """
+
+    def cell(e: dict | None) -> str:
+        return "-" if e is None else f"{_signed(e['mean'])} {_interval(e['ci_low'], e['ci_high'])}"
+
+    rows = []
+    for method, by in effects.items():
+        per = [by["scenarios"].get(sc) for sc in scenarios]
+        verdicts = [verdict(e["ci_low"], e["ci_high"]) for e in per if e is not None]
+        pooled = by["pooled"]
+        rows.append(
+            [
+                method,
+                *[cell(e) for e in per],
+                cell(pooled),
+                verdict(pooled["ci_low"], pooled["ci_high"]) if pooled else "no evidence",
+                f"{sum(v != 'no evidence' for v in verdicts)} of {len(verdicts)}",
+            ]
+        )
+    header = ["method", *scenarios, "random effects", "verdict", "scenarios excluding 0"]
+    return markdown_table(header, rows)
+
+
 def effect_tables(summary: dict) -> list[str]:
     """report.md's effects against FedAvg, from summary.json alone: per scenario the effect on test AUC
     with its bootstrap interval and a line naming the effects within the noise floor; per method the
@@ -473,17 +639,29 @@ def effect_tables(summary: dict) -> list[str]:
     lines = ["## Test AUC against FedAvg", ""]
     if effects is None:
         return [*lines, f"Not computed: {notes.get('effect_vs_fedavg', 'no FedAvg cells')}.", ""]
-    lines += [
-        f"Effect = method's test AUC - FedAvg's, mean over seeds; 95% interval from "
-        f"{summary['bootstrap_resamples']} paired bootstrap resamples of the test images. Noise floor "
-        + (
-            f"(standard deviation of the final test AUC across seeds, mean over scenarios and methods): "
-            f"{floor:.4f}."
-            if floor is not None
-            else f"not computed: it {notes.get('noise_floor_auc', 'is undefined')}."
-        ),
-        "",
-    ]
+    if summary.get("effect_vs_fedavg_seeds"):
+        lines += [
+            "Effect = method's final test AUC - FedAvg's, mean over the per-seed differences. **95% interval "
+            "over seeds** (training noise included): paired t interval of the per-seed differences; the "
+            "verdict (better / worse / no evidence) comes from it. Across scenarios: DerSimonian-Laird "
+            f"random-effects estimate, at the final round and over the last {summary['endpoint_last_k']} "
+            f"scored rounds. The last column covers **test-set sampling only** ({summary['bootstrap_resamples']} "
+            "paired bootstrap resamples of the test images, seeds pooled). Paired noise floor: a method's "
+            "seed SD of its difference to FedAvg, mean over scenarios.",
+            "",
+        ]
+    else:
+        lines += [
+            f"Effect = method's test AUC - FedAvg's, mean over seeds; 95% interval from "
+            f"{summary['bootstrap_resamples']} paired bootstrap resamples of the test images. Noise floor "
+            + (
+                f"(standard deviation of the final test AUC across seeds, mean over scenarios and methods): "
+                f"{floor:.4f}."
+                if floor is not None
+                else f"not computed: it {notes.get('noise_floor_auc', 'is undefined')}."
+            ),
+            "",
+        ]
     for scenario in summary["scenarios"]:
         lines += [f"### {scenario}", "", effect_scenario_table(summary, scenario), ""]
         line = within_noise_floor_line(summary, scenario)

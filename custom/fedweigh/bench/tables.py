@@ -36,6 +36,8 @@ from fedweigh.bench.report import (
     effect_scenario_table,
     final_table,
     markdown_table,
+    seed_effects_table,
+    seed_statistics,
     seeds_above_table,
 )
 
@@ -160,7 +162,9 @@ def results_tables(run: str | Path) -> dict[str, str]:
     """Every table of a run by name: ``methods``, ``tests``, ``auc_by_scenario``, ``gm_by_scenario``,
     ``accuracy_by_scenario`` (multi-class runs), ``site_weight:site-1`` (the first site's mean
     aggregation weight),
-    and with FedAvg in the run ``effects``, ``effects:SCENARIO`` and ``seeds_above_fedavg``."""
+    and with FedAvg in the run ``effects``, ``effects:SCENARIO``, ``seeds_above_fedavg`` and
+    ``effects_over_seeds:final`` / ``effects_over_seeds:last_k`` (each effect with its 95% interval over
+    seeds and the random-effects estimate across scenarios, recomputed from ``results.csv``)."""
     run = Path(run)
     summary = json.loads((run / SUMMARY_JSON).read_text())
     results = pd.read_csv(run / RESULTS_CSV)
@@ -179,6 +183,8 @@ def results_tables(run: str | Path) -> dict[str, str]:
         tables["effects"] = effect_overview_table(summary)
         tables["seeds_above_fedavg"] = seeds_above_table(results, methods, scenarios)
         tables.update({f"effects:{sc}": effect_scenario_table(summary, sc) for sc in scenarios})
+        seeds = seed_statistics(results, methods, scenarios)["effect_vs_fedavg_seeds"]
+        tables.update({f"effects_over_seeds:{e}": seed_effects_table(seeds[e], scenarios) for e in seeds})
     return tables
 
 
