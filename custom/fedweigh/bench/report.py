@@ -225,6 +225,7 @@ def site_outcomes_summary(records: Sequence[dict], methods: Sequence[str], scena
             out[m] = {"mean": mean, **by_scenario}
     return out
 
+
 #: What each interval of summary.json covers.
 INTERVAL_SOURCES: dict[str, str] = {
     "effect_vs_fedavg": "test-set sampling only: paired bootstrap over the test images, seeds pooled",
