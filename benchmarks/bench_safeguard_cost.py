@@ -91,6 +91,13 @@ def tradeoff_table(record: dict, attacks: dict[str, dict]) -> str:
             f"| {name} | {cost} | {a['site_rounds_left_out']} | {a['site_rounds_bounded']} "
             f"| {a['rounds_unchanged']} | {attacked} |"
         )
+    for name, run in attacks.items():  # settings attacked but not run for the honest cost
+        if name not in record["settings"]:
+            s = run["summary"]
+            lines.append(
+                f"| {name} | not run | - | - | - | {s['crashed_or_stalled']} of {s['tried']} "
+                f"| {show(s['worst_auc_drop_one_site'])} | {show(s['worst_auc_drop_two_colluders'])} |"
+            )
     return "\n".join(lines)
 
 
