@@ -76,3 +76,16 @@ def test_the_trade_off_table_reads_not_run_for_a_setting_without_its_run():
     assert "not run" in rows["robust"] and "not run" not in rows["deploy"]
     table = cost.tradeoff_table(record, {"hardened": _record("hardened")})
     assert table.splitlines()[-1].startswith("| hardened | not run |")
+
+
+def test_the_round_time_figures_in_the_docs_are_the_committed_runs():
+    record = json.loads((ROOT / "docs" / "results" / "round-time" / "round-time.json").read_text())
+    text = " ".join(DOC.read_text().split())
+    each = " and ".join(f"{r:.3f}" for r in record["round_time"]["ratio_per_repeat"])
+    assert f"took {each} times a stock FedAvg round" in text
+    assert f"ratio of the medians {record['round_time']['ratio_of_medians']:.3f}" in text
+    server = record["server"]["server_seconds_10_densenet121"]
+    assert (
+        f"FedDRAW {server['feddraw']:.3f} s" in text
+        and f"FedAvg's weights and aggregate {server['fedavg']:.3f} s" in text
+    )
