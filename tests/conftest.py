@@ -4,6 +4,12 @@ import os
 import pytest
 from hypothesis import settings
 
+from fedweigh.kernels import pin_cpu_kernels
+
+# The bench and simulator pin their processes' CPU kernels (fedweigh.kernels); the tests that compare
+# a run in this process with one in a child process need the same kernels here, set before any kernel runs.
+pin_cpu_kernels()
+
 # ---------------------------------------------------------------------------------- test layout
 # `make test` runs `pytest -n 2 --dist loadgroup --no-loadscope-reorder`: xdist hands the workers one
 # unit at a time, in collection order (sorted below, longest units first, so that the short ones fill in
