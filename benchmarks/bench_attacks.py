@@ -678,13 +678,12 @@ def markdown_table(record: dict) -> str:
 
 def _he_rows(fed, keys: Keys, mode: str) -> list[dict]:
     """The rows of benchmarks/attacks_he.py's ``run_he_attacks``."""
-    module = attacks_he
-    rows = module.run_he_attacks(fed, defences=mode != "off")  # its own HE keys; the sites' checks on
+    rows = attacks_he.run_he_attacks(fed, defences=mode != "off")  # its own HE keys; the sites' checks on
     return [
         {
             "method": "fedavg",
             "family": FAMILY.get("fedavg", "-"),
-            "attackers": [module.ATTACKER],
+            "attackers": [attacks_he.ATTACKER],
             "attacker_max_weight": float("nan"),  # under HE the server never sees the weights' effect
             **r,
             "he": True,
