@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import sys
 
-from fedweigh.bench.study import main
+from fedweigh.kernels import pin_cpu_kernels
+
+pin_cpu_kernels()  # before this process computes anything: cells run in it use the bench's pinned kernels
+
+from fedweigh.bench.study import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -104,8 +104,17 @@ def test_suite_times_in_testing_md_come_from_the_measured_runs():
         f"does not help ({runs['runs']['pytest_four_workers']['pytest_seconds']:.1f} s)",
         f"took {cpu['default_openmp_threads']:.0f} s of CPU, now {cpu['one_openmp_thread']:.1f} s",
     ]
+    now = runs["runs"]["pytest_current"]
+    expected += [
+        f"**{now['pytest_seconds']:.1f} s ({_minutes(now['pytest_seconds'])})** for {now['tests_passed']:,} tests",
+        f"{now['user_cpu_seconds'] + now['system_cpu_seconds']:,.0f} s of CPU",
+        f"everything ({now['tests_passed']:,} tests)",
+        f"about {now['pytest_seconds'] / 60:.1f} minutes, plus",
+    ]
     _assert_quoted(doc, expected, "docs/testing.md does not quote docs/results/suite/suite_timing.json")
     assert after["pytest_seconds"] < before["pytest_seconds"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"about {now['pytest_seconds'] / 60:.1f} minutes on two cores" in readme
 
 
 def _precision_lines(data: dict) -> list[str]:
