@@ -77,7 +77,9 @@ def measure(name: str, spec: str, index_url: str | None, root: Path, demo: bool)
     sizes = {p.name: dir_mib(p) for p in site.iterdir() if p.is_dir() and not p.name.endswith("-info")}
     largest = dict(sorted(sizes.items(), key=lambda kv: -kv[1])[:8])
     t0 = time.perf_counter()
-    version = subprocess.run([str(venv / "bin" / "fedweigh"), "--version"], check=True, capture_output=True, text=True)
+    version = subprocess.run(
+        [str(venv / "bin" / "fedweigh"), "--version"], check=True, capture_output=True, text=True
+    )
     version_s = time.perf_counter() - t0
     row = {
         "variant": name,
@@ -108,9 +110,13 @@ def measure(name: str, spec: str, index_url: str | None, root: Path, demo: bool)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", action="append", required=True, help="NAME=TORCH_SPEC or NAME=TORCH_SPEC@INDEX_URL")
+    ap.add_argument(
+        "--variant", action="append", required=True, help="NAME=TORCH_SPEC or NAME=TORCH_SPEC@INDEX_URL"
+    )
     ap.add_argument("--demo", action="append", default=[], help="variants that also run `fedweigh demo`")
-    ap.add_argument("--workdir", type=Path, default=None, help="where the venvs go (default: a temporary folder)")
+    ap.add_argument(
+        "--workdir", type=Path, default=None, help="where the venvs go (default: a temporary folder)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the venvs")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -126,12 +132,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] installing torch ({spec}) then fedweigh into a fresh venv", flush=True)
             rows.append(measure(name, spec, url or None, root, name in args.demo))
             r = rows[-1]
-            print(f"[{name}] {r['venv_mib']:.0f} MiB, torch {r['torch']}, CUDA packages: {len(r['cuda_distributions'])}")
+            print(
+                f"[{name}] {r['venv_mib']:.0f} MiB, torch {r['torch']}, CUDA packages: {len(r['cuda_distributions'])}"
+            )
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     result = {
-        "command": "python benchmarks/bench_install_size.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/bench_install_size.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "variants": rows,
