@@ -22,7 +22,7 @@ from fedweigh.bench.effects import (
     resample_counts,
     weighted_macro_auc,
 )
-from fedweigh.bench.plots import plot_effects
+from fedweigh.bench.plots import IMAGE_ONLY_GID, plot_effects
 from fedweigh.bench.report import effect_tables
 from fedweigh.bench.stats import holm, wilcoxon_p
 from fedweigh.metrics import geometric_mean, macro_auc
@@ -300,3 +300,66 @@ def test_effects_plot_draws_each_effect_with_its_interval_and_the_noise_floor(tm
 def test_effects_plot_needs_effects(tmp_path):
     with pytest.raises(ValueError, match="no effects against FedAvg"):
         plot_effects({"scenarios": ["sc"], "effect_vs_fedavg": None}, tmp_path / "e.png", "run")
+
+
+def _rounded(points: dict) -> dict:
+    return {p: {m: (*(round(v, 9) for v in e[:3]), e[3]) for m, e in by.items()} for p, by in points.items()}
+
+
+def test_effects_plot_draws_the_seed_paired_intervals_when_the_summary_has_them(tmp_path):
+    """With training noise in the summary the rows are the seed-paired intervals of the primary endpoint
+    (filled: the interval excludes 0, whatever the image-only interval says), the image-only interval is
+    the grey line beside each row, and a last panel holds the pooled random-effects estimate."""
+    summary = _two_effects_summary()
+
+    def iv(mean, low, high):
+        return {"mean": mean, "ci_low": low, "ci_high": high, "sd": 0.01, "se": 0.005, "n_seeds": 3, "p": 0.5}
+
+    summary["effect_vs_fedavg_seeds"] = {
+        "last_k": {
+            # the image-only interval of feddraw on "other" excludes 0; its seed interval does not
+            "feddraw": {
+                "scenarios": {"sc": iv(0.006, 0.001, 0.011), "other": iv(0.02, -0.01, 0.05)},
+                "pooled": iv(0.01, -0.002, 0.022),
+            },
+            "fedbb": {"scenarios": {"sc": iv(-0.04, -0.09, 0.01), "other": None}, "pooled": None},
+            "fedadp": {
+                "scenarios": {"sc": iv(0.004, -0.002, 0.010), "other": None},
+                "pooled": iv(0.004, -0.002, 0.010),
+            },
+        },
+        "final": None,
+    }
+    path = tmp_path / "effects.png"
+    with captured_figures() as figures:
+        plot_effects(summary, path, "effects")
+    fig = figures[path]
+    assert _rounded(effect_points(fig)) == {
+        "sc": {
+            "feddraw": (0.006, 0.001, 0.011, True),
+            "fedbb": (-0.04, -0.09, 0.01, False),
+            "fedadp": (0.004, -0.002, 0.010, False),
+        },
+        "other": {"feddraw": (0.02, -0.01, 0.05, False)},
+        "pooled (random effects)": {
+            "feddraw": (0.01, -0.002, 0.022, False),
+            "fedadp": (0.004, -0.002, 0.010, False),
+        },
+    }
+    # no seed-noise band (the intervals hold the seeds); the image-only intervals drawn in grey beside
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+    assert all(noise_band(ax) is None for ax in panels.values())
+    grey = sorted(
+        tuple(np.round(seg[:, 0], 6))
+        for coll in panels["sc"].collections
+        if coll.get_gid() == IMAGE_ONLY_GID
+        for seg in coll.get_segments()
+    )
+    assert grey == sorted([(-0.01, 0.02), (-0.07, -0.03), (0.001, 0.009)])
+    # the final round is drawn when asked
+    with captured_figures() as figures:
+        summary["effect_vs_fedavg_seeds"]["final"] = {
+            "feddraw": {"scenarios": {"sc": iv(-0.03, -0.05, -0.01), "other": None}, "pooled": None}
+        }
+        plot_effects(summary, path, "effects", endpoint="final")
+    assert _rounded(effect_points(figures[path]))["sc"] == {"feddraw": (-0.03, -0.05, -0.01, True)}

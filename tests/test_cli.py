@@ -63,6 +63,25 @@ def test_demo_runs_the_feddraw_job_and_prints_the_round_table(tmp_path, monkeypa
     assert f"model:    {app / 'FL_global_model.pt'}" in out
 
 
+def test_demo_outside_a_source_checkout_exports_its_job_first(tmp_path, monkeypatch, capsys):
+    """pip-installed fedweigh run from any folder: no jobs/ there, so the demo exports its job from the
+    catalogue's recipe under ./workspaces/jobs and runs that (the exported job is the checkout's)."""
+    import json
+
+    calls: list = []
+    monkeypatch.setattr(cli, "run_simulator_with_progress", _fake_simulator(calls))
+    monkeypatch.setattr(cli, "_repo_jobs_dir", lambda: tmp_path / "jobs")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["demo", "--workspace", str(tmp_path / "ws")]) == 0
+    ((job, _, clients),) = calls
+    assert job == tmp_path / "workspaces" / "jobs" / "synthcxr_feddraw" and clients == 4
+    out = capsys.readouterr().out
+    assert f"exported it to {job}" in out and "final test macro AUC" in out
+    shipped = Path(cli.__file__).resolve().parents[2] / "jobs" / "synthcxr_feddraw"
+    for name in ("meta.json", "app/config/config_fed_server.json", "app/config/config_fed_client.json"):
+        assert json.loads((job / name).read_text()) == json.loads((shipped / name).read_text()), name
+
+
 def test_demo_reports_a_failed_run_and_a_missing_job(tmp_path, monkeypatch, capsys):
     calls: list = []
     monkeypatch.setattr(cli, "run_simulator_with_progress", _fake_simulator(calls, rc=3))

@@ -318,6 +318,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from fedweigh.server.records import load_rows
 
     job_dir = Path(args.job) if args.job else _repo_jobs_dir() / DEFAULT_DEMO_JOB
+    if not args.job and not (job_dir / "meta.json").is_file():
+        # installed outside a source checkout (no jobs/ folder): export the demo job from its recipe
+        from fedweigh.flare.jobs import export_jobs
+
+        job_dir = export_jobs(Path("workspaces") / "jobs", [DEFAULT_DEMO_JOB])[0].resolve()
+        print(
+            f"no jobs/{DEFAULT_DEMO_JOB} here (fedweigh runs outside its source checkout): exported it to {job_dir}"
+        )
     if not (job_dir / "meta.json").is_file():
         print(f"error: {job_dir} is not an NVFlare job folder (no meta.json); run `fedweigh jobs export`")
         return 2

@@ -121,36 +121,74 @@ def plot_auc_by_round(
     )
 
 
-def plot_effects(summary: Mapping, path: str | Path, title: str) -> Path:
-    """Forest plot of ``summary["effect_vs_fedavg"]``: one panel per scenario, one row per method, the
-    paired effect on test AUC (method - FedAvg) with its 95% bootstrap interval; the grey band is the
-    seed-to-seed noise floor (+-``noise_floor_auc``), the line at 0 is FedAvg. Filled markers: the
-    interval excludes 0 and |effect| exceeds the floor."""
+#: ``gid`` of the image-only intervals a forest plot draws beside the seed-paired ones
+IMAGE_ONLY_GID = "image-only interval"
+
+
+def _seed_effect(summary: Mapping, method: str, scenario: str | None, endpoint: str) -> dict | None:
+    """The seed-paired interval of ``method`` on ``scenario`` (None: the pooled random-effects
+    estimate) from ``summary["effect_vs_fedavg_seeds"][endpoint]``; None where the summary has none."""
+    seeds = (summary.get("effect_vs_fedavg_seeds") or {}).get(endpoint) or {}
+    entry = seeds.get(method)
+    if not entry:
+        return None
+    return entry.get("pooled") if scenario is None else (entry.get("scenarios") or {}).get(scenario)
+
+
+def plot_effects(summary: Mapping, path: str | Path, title: str, endpoint: str = "last_k") -> Path:
+    """Forest plot of the effects against FedAvg on test AUC: one panel per scenario, one row per method.
+
+    With seed-paired intervals in the summary (``effect_vs_fedavg_seeds[endpoint]``, training noise
+    included) each row is that effect with its paired t interval over seeds; filled markers: the
+    interval excludes 0 (the verdict's rule). The image-only bootstrap interval of ``effect_vs_fedavg``
+    (test-set sampling only) is drawn beside it as a thin grey line; a last panel holds the pooled
+    random-effects estimate over the scenarios. Without seed-paired intervals (one seed) the rows are
+    the image-only effects with their 95% bootstrap intervals, the grey band is the seed noise floor
+    (+-``noise_floor_auc``) and filled markers need the interval to exclude 0 and |effect| to exceed
+    the floor. The line at 0 is FedAvg."""
     effects = summary.get("effect_vs_fedavg")
     if not effects:
         raise ValueError(f"{title}: summary has no effects against FedAvg")
     scenarios = list(summary["scenarios"])
+    seeded = any(
+        _seed_effect(summary, m, sc, endpoint) is not None for m in effects for sc in [*scenarios, None]
+    )
     methods = [m for m in effects if any(effects[m].get(sc) for sc in scenarios)]
     if not methods:
         raise ValueError(f"{title}: every effect against FedAvg is empty")
-    floor = summary.get("noise_floor_auc")
+    floor = None if seeded else summary.get("noise_floor_auc")
+    panels: list[str | None] = [*scenarios, None] if seeded else list(scenarios)
     plt = _pyplot()
-    cols = min(len(scenarios), 2)
-    rows = -(-len(scenarios) // cols)
+    cols = min(len(panels), 2)
+    rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(
         rows, cols, figsize=(5.2 * cols, 0.7 + 0.32 * len(methods) * rows + 0.6 * rows), squeeze=False
     )
     y = np.arange(len(methods))[::-1]
-    for ax, scenario in zip(axes.flat, scenarios, strict=False):
+    for ax, scenario in zip(axes.flat, panels, strict=False):
         if floor:
             ax.axvspan(-floor, floor, color="0.85", zorder=0, label=f"noise floor (+-{floor:.4f})")
         ax.axvline(0.0, color="0.3", linewidth=0.8, zorder=1)
         for yi, method in zip(y, methods, strict=True):
-            e = effects[method].get(scenario)
+            image = effects[method].get(scenario) if scenario is not None else None
+            e = _seed_effect(summary, method, scenario, endpoint) if seeded else image
             if e is None:
                 continue
             mean, low, high = e["mean"], e["ci_low"], e["ci_high"]
-            counts = (low > 0 or high < 0) and (floor is None or abs(mean) > floor)
+            if seeded:
+                counts = low > 0 or high < 0
+                if image is not None:
+                    ax.hlines(
+                        yi - 0.22,
+                        image["ci_low"],
+                        image["ci_high"],
+                        color="0.6",
+                        linewidth=1.2,
+                        zorder=1,
+                        gid=IMAGE_ONLY_GID,
+                    )
+            else:
+                counts = (low > 0 or high < 0) and (floor is None or abs(mean) > floor)
             color = "tab:green" if counts and mean > 0 else "tab:red" if counts else "tab:gray"
             ax.errorbar(
                 mean,
@@ -163,10 +201,14 @@ def plot_effects(summary: Mapping, path: str | Path, title: str) -> Path:
                 zorder=2,
             )
         ax.set_yticks(y, methods)
-        ax.set_title(scenario, fontsize=10)
-        ax.set_xlabel("test AUC - FedAvg (95% CI)")
+        ax.set_title("pooled (random effects)" if scenario is None else scenario, fontsize=10)
+        ax.set_xlabel(
+            "test AUC - FedAvg (95% CI over seeds; grey: test images only)"
+            if seeded
+            else "test AUC - FedAvg (95% CI)"
+        )
         ax.grid(axis="x", alpha=0.3)
-    for ax in list(axes.flat)[len(scenarios) :]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(title)
     return _save(fig, path)
