@@ -200,12 +200,12 @@ def _assert_study_rebuilds(out: Path, plan) -> None:
 
 def test_every_committed_study_table_rebuilds_from_its_data():
     """Once the study has run, its committed tables are rebuilt from its committed results.csv; until
-    then the plan says it has not run."""
+    then the plan says it has no result yet."""
     plan = load_plan(PLAN)
     if (STUDY / "results.csv").is_file():
         _assert_study_rebuilds(STUDY, plan)
     else:
-        assert "Status: **planned, not run**" in (STUDY / "PLAN.md").read_text()
+        assert "Status: **running, no result yet**" in (STUDY / "PLAN.md").read_text()
         assert not (STUDY / "claims.md").exists() and not (STUDY / "summary.json").exists()
 
 
