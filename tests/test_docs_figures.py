@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,23 @@ def test_precision_figures_in_privacy_md_come_from_the_precision_benchmark() -> 
         _precision_lines(data),
         "docs/privacy.md quotes docs/results/security/he-precision.json",
     )
+
+
+def test_readme_cpu_install_sizes_come_from_the_measured_installs():
+    data = json.loads((ROOT / "docs/results/install/install-size.json").read_text())
+    by = {v["variant"]: v for v in data["variants"]}
+    cpu, cuda = by["cpu"], by["cuda"]
+    # what makes the CPU install one: no CUDA package, and the demo ran in it
+    assert cpu["cuda_distributions"] == [] and cpu["torch"].endswith("+cpu")
+    assert cpu["demo"]["returncode"] == 0 and any("model:" in line for line in cpu["demo"]["last_lines"])
+    assert cuda["cuda_distributions"] and cuda["venv_mib"] > cpu["venv_mib"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    expected = [
+        f"with torch {cpu['torch']} the venv takes **{cpu['venv_mib']:,.0f} MiB** (torch {cpu['largest_mib']['torch']:.0f} MiB)",
+        f"with PyPI's default torch {cuda['torch']} it takes **{cuda['venv_mib']:,.0f} MiB**",
+        f"the {len(cuda['cuda_distributions'])} CUDA packages take {cuda['largest_mib']['nvidia']:,.0f} MiB (`nvidia`)",
+        f"and {cuda['largest_mib']['triton']:,.0f} MiB (`triton`)",
+        f"`fedweigh --version` took {cpu['version_s']:.2f} s",
+        re.sub(r" --workdir \S+", "", data["command"]),  # where the venvs went is the machine's
+    ]
+    _assert_quoted(readme, expected, "README.md does not quote docs/results/install/install-size.json")
