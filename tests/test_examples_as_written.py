@@ -58,6 +58,20 @@ def _every_round_aggregated_every_site(workspace: Path, sites: int) -> None:
         assert len(r["weights"]) == sites
 
 
+def _byo_feddraw_weighs_by_size_first(workspace: Path) -> None:
+    """examples/byo_feddraw under FedDRAW: site k has k * 64 images, so the N_k prior of round 1 weighs
+    the bigger sites more; every round's weights sum to 1; the global model is saved once."""
+    (metrics,) = workspace.rglob("fedweigh_metrics.json")
+    rounds = [r for r in json.loads(metrics.read_text())["rounds"] if r["round"] >= 1]
+    assert len(rounds) >= 2
+    for r in rounds:
+        assert sorted(r["weights"]) == ["site-1", "site-2", "site-3"]
+        assert sum(r["weights"].values()) == pytest.approx(1.0)
+    w = rounds[0]["weights"]
+    assert w["site-1"] < w["site-2"] < w["site-3"]
+    assert len(list(workspace.rglob("FL_global_model.pt"))) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["byo_feddraw", "monai_bundle"])
 def test_the_example_runs_as_its_readme_says(example, tmp_path):
@@ -66,9 +80,10 @@ def test_the_example_runs_as_its_readme_says(example, tmp_path):
     assert simulated
     for command in simulated:
         words = command.split()
-        _every_round_aggregated_every_site(
-            Path(words[words.index("-w") + 1]), int(words[words.index("-n") + 1])
-        )
+        workspace = Path(words[words.index("-w") + 1])
+        _every_round_aggregated_every_site(workspace, int(words[words.index("-n") + 1]))
+        if example == "byo_feddraw":
+            _byo_feddraw_weighs_by_size_first(workspace)
     executed = [run for c, run in done if c.startswith("python job.py") and "--out" not in c]
     assert executed  # the README's `python job.py` runs the recipe in the simulator, and says how it went
     for run in executed:
