@@ -18,7 +18,7 @@ pin_cpu_kernels()
 # test is a unit of its own, so that the simulator runs spread over both workers. The units are made
 # by the scheduler below: pytest-xdist 3.8 cannot group by ``xdist_group`` marks under pytest 9 (it
 # renames items through an attribute pytest 9 no longer reads), so the marks would be ignored.
-LONG_MODULES = ("test_poc", "test_failures", "test_poc_policy")
+LONG_MODULES = ("test_poc", "test_failures")
 SPREAD_MODULES = (
     "test_resume",
     "test_parity_stock_fedavg",

@@ -23,6 +23,10 @@ One federation serves every check (module fixture ``poc``), in this order:
    - installed, with encrypted model updates (``he=True``) under the kits' contexts, submitted with
      ``submit_job`` in the admin console: the server aggregates ciphertexts and every hospital
      decrypts the same global model;
+   then hospital-a adds a strict ``local/fedweigh_policy.json`` (DP-SGD required) and its lead submits
+   examples/byo_feddraw, whose own Client API script knows nothing of site policies (one round, two
+   sites needed): hospital-a must refuse it outside the job's code (the ``privacy.json`` every kit got
+   from provisioning), the server must name hospital-a and the reason and aggregate the other two;
 6. the admin console shows the connected hospitals and the jobs, then shuts the sites and the
    server down (docs/deploy.md); every process of the federation must end by itself.
 
@@ -75,6 +79,7 @@ SERVER = "server"
 HOSPITALS = ("hospital-a", "hospital-b", "hospital-c")
 PROJECT_ADMIN = "admin@coordinator.org"
 LEAD = "lead@hospital-a.org"
+STRICT = "hospital-a"  # the hospital whose policy refuses a job that runs its own client code
 ORG_ADMIN = "it@hospital-a.org"
 #: Each hospital's local data (docs/deploy.md, "Site data"): 90 % of num_images train, 10 % validate.
 SITE_DATA = {
@@ -124,7 +129,15 @@ def _export_jobs(out: Path) -> dict[str, Path]:
             he=he,
         )
 
+    byo_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "custom"), os.environ.get("PYTHONPATH", "")]),
+    }
+    byo = [sys.executable, "job.py", "--out", str(out), "--rounds", "1", "--sites", "2"]
+    subprocess.run(byo, cwd=REPO / "examples" / "byo_feddraw", env=byo_env, check=True, timeout=300)
+    assert (out / "byo_feddraw" / "app" / "custom" / "train.py").is_file()  # it brings its own script
     return {
+        "byo": out / "byo_feddraw",
         "refused": export_recipe(feddraw("feddraw_refused"), out, site_installed=True),
         "bundle": export_recipe(feddraw("feddraw_bundle", bundle=True), out, bundle=True),
         "installed": export_recipe(feddraw("feddraw_installed"), out, site_installed=True),
@@ -251,6 +264,21 @@ def poc(tmp_path_factory):
         meta = wait_for_job(admin, he_id, fed, timeout=JOB_TIMEOUT)
         run.jobs["he"] = {"job_id": he_id, "meta": meta, **_result(Path(admin.download_job_result(he_id)))}
         run.wall["jobs"] = time.monotonic() - start
+
+        # 5b. a strict hospital and a job with its own client script: refused outside the job's code
+        policy_file = prod / STRICT / "local" / "fedweigh_policy.json"
+        policy_file.write_text(json.dumps({"require_dp": True}))
+        byo_id = lead.submit_job(str(jobs["byo"]))
+        meta = wait_for_job(lead, byo_id, fed, timeout=JOB_TIMEOUT)
+        run.jobs["strict"] = {
+            "job_id": byo_id,
+            "meta": meta,
+            "policy_file": policy_file,
+            "site_logs": {h: (prod / h / byo_id / "log.txt").read_text(errors="replace") for h in HOSPITALS},
+            **_result(Path(lead.download_job_result(byo_id))),
+        }
+        policy_file.unlink()
+        run.wall["strict"] = time.monotonic() - start
 
         # 6. stop the federation from the admin console (docs/deploy.md, "Stop"): every site, then the server
         for sess in sessions:
@@ -559,8 +587,8 @@ def test_admin_console_commands_of_the_deployment_guide(poc):
     status = poc.console["status"]
     for site in HOSPITALS:
         assert re.search(rf"\|\s*{site}\s*\|", status), status[-3000:]
-    for job in poc.jobs.values():
-        assert job["job_id"] in status  # list_jobs lists every submitted job
+    for name in ("bundle", "installed", "he"):  # list_jobs lists every job submitted before it ran
+        assert poc.jobs[name]["job_id"] in status
     # shutting the sites and then the server down from the console ended every process of the federation
     assert "Confirm with User Name" in poc.console["shutdown"]
     assert poc.still_running_after_shutdown == [], poc.console["shutdown"][-3000:]
@@ -597,3 +625,25 @@ def test_downloads_land_where_asked(poc):
     assert poc.jobs["bundle"]["folder"].parent == poc.prod / LEAD / "transfer"
     assert poc.jobs["installed"]["folder"].is_relative_to(poc.root / "downloads")
     assert poc.jobs["he"]["folder"].parent == poc.prod / PROJECT_ADMIN / "transfer"
+
+
+def test_a_job_with_its_own_script_is_refused_at_a_strict_site(poc):
+    """Step 5b: the enforcer from the kit's privacy.json, not the job's code, applies hospital-a's policy."""
+    from fedweigh.flare.provision import PRIVACY_CONFIG
+
+    reason = "the job runs its own client code"
+    for site in HOSPITALS:  # what provisioning gave every hospital: the enforcer, outside any job
+        assert json.loads((poc.prod / site / "local" / "privacy.json").read_text()) == PRIVACY_CONFIG
+    job = poc.jobs["strict"]
+    logs, server_log = job["site_logs"], job["log"]
+    # the strict hospital refused the job outside its code, naming why and the policy it applied
+    assert f"{STRICT} refuses this job: {reason}" in logs[STRICT], logs[STRICT][-4000:]
+    assert f"site policy: {job['policy_file']}" in logs[STRICT]
+    for site in HOSPITALS[1:]:  # the default policy lets the job run
+        assert "refuses this job" not in logs[site], site
+    # the server names the hospital and its reason, and leaves its result out of the round
+    assert f"{STRICT} refuses this job under its site policy: {reason}" in server_log, server_log[-4000:]
+    assert f"skipping result: {STRICT} refused under its site policy" in server_log
+    weights = next(r for r in job["rows"] if r["round"] == 1)["weights"]
+    assert sorted(weights) == ["hospital-b", "hospital-c"], weights
+    assert job["meta"]["status"] == JOB_COMPLETED, job["meta"]
