@@ -3,6 +3,7 @@ tags and values, one TensorBoard receiver per recipe, and MLflow's receiver take
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
@@ -320,7 +321,9 @@ def fake_wandb(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     for name in ("nvflare.app_opt.tracking.wandb.wandb_receiver", "fedweigh.flare.wandb_tracking"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    from nvflare.app_opt.tracking.wandb import wandb_receiver
+    # imported anew (not ``from package import module``, which returns the package's attribute: a module
+    # object of an earlier import in this process, e.g. an earlier pytest session, that nothing else uses)
+    wandb_receiver = importlib.import_module("nvflare.app_opt.tracking.wandb.wandb_receiver")
 
     monkeypatch.setattr(wandb_receiver, "Process", Process)
     monkeypatch.setattr(wandb_receiver.time, "sleep", lambda s: None)
