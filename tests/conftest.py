@@ -47,7 +47,19 @@ def _order(item: pytest.Item) -> tuple:
     return (2, FIRST_FAST_MODULES.index(module) if module in FIRST_FAST_MODULES else len(FIRST_FAST_MODULES))
 
 
+#: fixtures that start a federation (the simulator or provisioned processes): their tests are slow ones
+FEDERATION_FIXTURES = ("poc", "faulty_run", "method_run")
+
+
 def pytest_collection_modifyitems(config, items):
+    unmarked = [
+        item.nodeid
+        for item in items
+        if set(getattr(item, "fixturenames", ())) & set(FEDERATION_FIXTURES)
+        and not item.get_closest_marker("slow")
+    ]
+    if unmarked:  # `make test-fast` and the mutation run would start a federation for them
+        raise pytest.UsageError(f"tests using {FEDERATION_FIXTURES} must be marked slow: {unmarked}")
     if os.environ.get("FEDWEIGH_MUTATION_RUN"):
         left_out = [item for item in items if item.nodeid.startswith(MUTATION_RUN_LEFT_OUT)]
         if left_out:

@@ -627,6 +627,7 @@ def test_downloads_land_where_asked(poc):
     assert poc.jobs["he"]["folder"].parent == poc.prod / PROJECT_ADMIN / "transfer"
 
 
+@pytest.mark.slow
 def test_a_job_with_its_own_script_is_refused_at_a_strict_site(poc):
     """Step 5b: the enforcer from the kit's privacy.json, not the job's code, applies hospital-a's policy."""
     from fedweigh.flare.provision import PRIVACY_CONFIG
