@@ -1,6 +1,7 @@
 """Contract shared by all schemes: validation, registry, aggregate(), geometry, state round trip."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -302,3 +303,22 @@ def test_state_round_trip_gives_identical_next_round(name):
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     np.testing.assert_array_equal(a.weights(reps2, g, 2, 4), b.weights(reps2, g, 2, 4))
     assert json.loads(json.dumps(a.state_dict())) == b.state_dict()
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_every_scheme_names_itself_when_refusing_a_report(name):
+    """check_reports' message starts with the scheme's name (the controller logs it next to the site)."""
+    scheme = get_scheme(name)
+    reports = [ClientReport("site-1", 0), ClientReport("site-2", 10)]
+    with pytest.raises(ValueError, match=rf"^{re.escape(name)}: client 'site-1': num_samples must be"):
+        scheme.weights(reports, None, 1, 3)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "uniform"])
+def test_size_weighted_and_uniform_schemes_log_the_size_prior(name):
+    """last_details["size_prior"] = N_k / N (also for uniform, whose weights ignore it), replaced per call."""
+    scheme = get_scheme(name)
+    scheme.weights([ClientReport("a", 1), ClientReport("b", 3), ClientReport("c", 6)], None, 1, 3)
+    assert scheme.last_details == {"size_prior": pytest.approx([0.1, 0.3, 0.6], abs=1e-15)}
+    scheme.weights([ClientReport("a", 2), ClientReport("b", 2)], None, 2, 3)
+    assert scheme.last_details == {"size_prior": pytest.approx([0.5, 0.5], abs=1e-15)}
