@@ -168,6 +168,19 @@ def test_seed_effects_are_per_scenario_t_intervals_pooled_by_dersimonian_laird()
     assert got["m"]["pooled"]["k"] == 2
 
 
+def test_one_scenario_is_pooled_as_its_own_t_interval():
+    """Nothing to pool over one scenario: the pooled entry is its t interval over seeds (a z interval on
+    the same SE would be narrower than the t's with few seeds) and I^2 is 0."""
+    frame, diffs = _two_scenarios()
+    got = seed_effects(endpoint_scores(frame, "final"), ["fedavg", "m"], ["a"])
+    pooled, only = got["m"]["pooled"], got["m"]["scenarios"]["a"]
+    low, high = stats.t.interval(0.95, 3, loc=np.mean(diffs["a"]), scale=stats.sem(diffs["a"]))
+    assert (pooled["ci_low"], pooled["ci_high"]) == pytest.approx((low, high), abs=1e-12)
+    assert pooled["p"] == only["p"] and pooled["k"] == 1 and pooled["i2"] == 0.0 and pooled["tau2"] == 0.0
+    z = stats.norm.ppf(0.975) * stats.sem(diffs["a"])
+    assert pooled["ci_high"] - pooled["ci_low"] > 2 * z  # wider than the z interval it replaces
+
+
 def test_paired_noise_floor_is_the_seed_sd_of_the_difference_not_of_the_auc():
     frame, diffs = _two_scenarios()
     floor = paired_noise_floor(endpoint_scores(frame, "final"), ["fedavg", "m"], ["a", "b"])

@@ -258,7 +258,9 @@ def seed_effects(
 ) -> dict[str, dict]:
     """Per method but ``reference``: ``scenarios`` (per scenario the paired t interval over seeds, as
     :meth:`fedweigh.bench.stats.Interval.as_dict`, None with < 2 seeds) and ``pooled`` (the
-    DerSimonian-Laird estimate over the scenarios, v_i = SE_i^2; None when undefined).
+    DerSimonian-Laird estimate over the scenarios, v_i = SE_i^2; None when undefined; with one
+    scenario its own t interval and p, since a z interval on its SE would ignore the t's few degrees
+    of freedom).
 
     ``scores``: :func:`endpoint_scores`' series.
     """
@@ -276,7 +278,12 @@ def seed_effects(
                 effects.append(interval.mean)
                 variances.append(interval.se**2)
         pooled = dersimonian_laird(effects, variances, confidence) if effects else None
-        out[m] = {"scenarios": per, "pooled": None if pooled is None else pooled.as_dict()}
+        pooled_dict = None if pooled is None else pooled.as_dict()
+        if pooled is not None and pooled.k == 1:
+            # one scenario: nothing to pool; its own t interval over seeds, not a z interval on its SE
+            (only,) = [e for e in per.values() if e is not None]
+            pooled_dict.update(mean=only["mean"], ci_low=only["ci_low"], ci_high=only["ci_high"], p=only["p"])
+        out[m] = {"scenarios": per, "pooled": pooled_dict}
     return out
 
 

@@ -305,7 +305,7 @@ def dersimonian_laird(
     mean = float((w_star * y).sum() / w_star.sum())
     se = float(math.sqrt(1.0 / w_star.sum()))
     z = float(norm.ppf(0.5 + confidence / 2.0))
-    i2 = max(0.0, (q - (k - 1)) / q) if q > 0 else 0.0
+    i2 = max(0.0, (q - (k - 1)) / q) if q > 0 and k > 1 else 0.0  # one scenario: no heterogeneity
     p = float(2.0 * norm.sf(abs(mean) / se))
     low_hk = high_hk = None
     if k > 1:
