@@ -60,6 +60,8 @@ def test_a_bad_plan_is_refused_naming_the_file_and_field(tmp_path, edit, message
 def _committed_seeds() -> set[int]:
     seeds: set[int] = set()
     for csv in (ROOT / "docs" / "results").rglob("results.csv"):
+        if csv.parent == STUDY:  # the study's own run
+            continue
         seeds |= set(pd.read_csv(csv, usecols=["seed"])["seed"].astype(int))
     for js in (ROOT / "docs" / "results").rglob("*.json"):
         if js.parent == STUDY:
@@ -70,9 +72,11 @@ def _committed_seeds() -> set[int]:
 
 
 def test_the_plans_seeds_were_never_used_by_a_committed_run():
+    """No committed run but the study's own uses one of its seeds (runs added after the plan take other
+    fresh seeds, e.g. the backbone grid's 2000-2001)."""
     used = _committed_seeds()
-    assert used and max(used) < 1000
-    assert not used & set(load_plan(PLAN).seeds)
+    assert used and {0, 1, 2} <= used
+    assert not used & set(load_plan(PLAN).seeds), sorted(used & set(load_plan(PLAN).seeds))
 
 
 # ----------------------------------------------------------------------------------------- power
