@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from fedweigh.bench.effects import ENDPOINTS, endpoint_scores, seed_effects
+from fedweigh.bench.report import markdown_table
 from fedweigh.bench.stats import (
     holm,
     paired_t_power,
@@ -294,11 +295,6 @@ def _num(x: float | None, digits: int = 4) -> str:
     return "-" if x is None or not math.isfinite(float(x)) else f"{float(x):.{digits}f}"
 
 
-def _md(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
-
-
 def power_table(power: dict) -> str:
     """PLAN.md's power table from power.json: per claim the SD and tau^2 used, power with the plan's
     seeds (measured tau^2, and tau^2 = 0), seeds needed for the target power."""
@@ -328,7 +324,7 @@ def power_table(power: dict) -> str:
         "seeds for 80%, tau = 0",
         "power, 1 scenario x 3 seeds",
     ]
-    return _md(header, rows)
+    return markdown_table(header, rows)
 
 
 # ------------------------------------------------------------------------------------- analysis
@@ -407,7 +403,7 @@ def claims_table(analysis: dict) -> str:
         "Hartung-Knapp 95% (sensitivity)",
         "final round: effect [95%]",
     ]
-    return _md(header, rows)
+    return markdown_table(header, rows)
 
 
 def scenario_table(analysis: dict, claim: str) -> str:
@@ -423,7 +419,7 @@ def scenario_table(analysis: dict, claim: str) -> str:
                 "-" if e is None else _num(e["p"]),
             ]
         )
-    return _md(["scenario", "effect", "95% interval over seeds", "seeds", "p (t test)"], rows)
+    return markdown_table(["scenario", "effect", "95% interval over seeds", "seeds", "p (t test)"], rows)
 
 
 def study_tables(analysis: dict) -> dict[str, str]:
