@@ -224,6 +224,16 @@ def fake_mlflow(monkeypatch):
     return runs, logged
 
 
+def _record_one_round(engine) -> None:
+    """The controller's records of round 1 (weights 0.6/0.4, lambda 0.5, val_auc 0.7), fired as analytics
+    events through ``engine``."""
+    sender = FLComponent()
+    sender.engine = engine
+    rec = RoundRecorder(None, "feddraw", sinks=[ServerAnalytics(sender)], tensorboard=False)
+    rec.set_round(1, {"site-1": 0.6, "site-2": 0.4}, {"lambda": 0.5})
+    rec.set_metrics(1, {"val_auc": 0.7})
+
+
 def test_add_experiment_tracking_mlflow_records_the_servers_rows(tmp_path, fake_mlflow):
     """``add_experiment_tracking(recipe, "mlflow")`` on a fedweigh recipe: the exported receiver opens
     a run for the server too and records the controller's events there (NVFlare's stock receiver keeps
@@ -249,11 +259,7 @@ def test_add_experiment_tracking_mlflow_records_the_servers_rows(tmp_path, fake_
         get_run_dir=lambda job: str(tmp_path), get_result_root=lambda j: ""
     )
     mlflow_receiver.handle_event("_start_run", engine.new_context())
-    sender = FLComponent()
-    sender.engine = engine
-    rec = RoundRecorder(None, "feddraw", sinks=[ServerAnalytics(sender)], tensorboard=False)
-    rec.set_round(1, {"site-1": 0.6, "site-2": 0.4}, {"lambda": 0.5})
-    rec.set_metrics(1, {"val_auc": 0.7})
+    _record_one_round(engine)
     mlflow_receiver.handle_event("_end_run", engine.new_context())
     server_run = next(rid for name, rid in runs.items() if name.startswith(f"{SERVER}-"))
     assert sorted(m for rid, m in logged if rid == server_run) == sorted(
@@ -347,11 +353,7 @@ def test_add_experiment_tracking_wandb_logs_the_servers_rows(tmp_path, fake_wand
     wandb_receiver = ServerWandBReceiver(**receiver["args"])
     engine = _Engine([wandb_receiver])
     wandb_receiver.handle_event("_start_run", engine.new_context())
-    sender = FLComponent()
-    sender.engine = engine
-    rec = RoundRecorder(None, "feddraw", sinks=[ServerAnalytics(sender)], tensorboard=False)
-    rec.set_round(1, {"site-1": 0.6, "site-2": 0.4}, {"lambda": 0.5})
-    rec.set_metrics(1, {"val_auc": 0.7})
+    _record_one_round(engine)
     assert sorted(wandb_receiver.queues) == ["server", "site-1", "site-2"]
     queue = wandb_receiver.queues[SERVER]
     init, *logs = [queue.get(timeout=10) for _ in range(5)]
