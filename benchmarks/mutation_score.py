@@ -3,6 +3,7 @@
     make mutation                                             # every module of [tool.mutmut] only_mutate
     make mutation MODULES=custom/fedweigh/schedules.py        # one module (a folder: each of its modules)
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py report   # the report from the last runs
+    PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py try MUTANT... --tests tests/x.py::test_y
 
 ``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module, at low priority, and then
 writes the report. mutmut (3.x) names a mutant after its file's path, and only a leading ``src/`` maps
@@ -25,6 +26,11 @@ was mutated, and every mutant that was not caught with its diff and verdict. Ver
 change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
 A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
 are listed as ``not yet run``.
+
+``try`` runs named tests against named mutants of the last run (``MUTANT_UNDER_TEST`` with the mutated
+copy first on the path; ``custom/`` is never touched) and, for each mutant the tests fail on while they
+pass with no mutant, records ``killed by <the failing test>`` as its verdict: the verdict is measured,
+and the module's next ``run`` confirms it.
 """
 
 from __future__ import annotations
@@ -430,16 +436,47 @@ def slow_check(module: str, tests: list[str], controls: list[str], nice: int) ->
     return payload
 
 
+def _pytest(tests: list[str], mutant: str, nice: int) -> tuple[int, list[str]]:
+    """Run ``tests`` (paths from the project root) with ``mutant`` switched on ("" for none)."""
+    env = run_env()
+    env.update(MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(MUTANTS / "src"))
+    command = ["nice", "-n", str(nice), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    command += [t if t.startswith("-") else str(ROOT / t) for t in tests]  # options pass as they are
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    failed = sorted(set(re.findall(r"^FAILED (\S+?)(?: - |$)", done.stdout, re.M)))
+    return done.returncode, failed
+
+
+def try_mutants(mutants: list[str], tests: list[str], nice: int) -> dict[str, list[str]]:
+    """The tests that fail on each mutant (see the module docstring); verdicts.json records the kills."""
+    code, failed = _pytest(tests, "", nice)
+    if code != 0:
+        raise SystemExit(
+            f"the tests fail with no mutant ({' '.join(failed) or f'exit {code}'}): fix them first"
+        )
+    verdicts = _load(VERDICTS, {})
+    kills: dict[str, list[str]] = {}
+    for mutant in mutants:
+        code, failed = _pytest(tests, mutant, nice)
+        kills[mutant] = failed if code != 0 else []
+        print(f"{mutant}: {'killed by ' + ' '.join(failed) if kills[mutant] else 'not killed'}", flush=True)
+        known = verdicts.get(mutant)
+        if kills[mutant] and known is not None and not known["verdict"].startswith("killed by"):
+            known["verdict"] = f"killed by {kills[mutant][0]}"
+    atomic_write_json(VERDICTS, dict(sorted(verdicts.items())), private=False, indent=1)
+    return kills
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("action", choices=("run", "report", "slow-check"))
+    parser.add_argument("action", choices=("run", "report", "slow-check", "try"))
     parser.add_argument("modules", nargs="*", help="modules or folders from the project root (default: all)")
     parser.add_argument(
         "--together", action="store_true", help="one mutmut run for all the modules (its set-up once)"
     )
     parser.add_argument("--nice", type=int, default=15, help="niceness of the mutmut runs (default 15)")
     parser.add_argument(
-        "--tests", nargs="+", default=[], help="slow-check: the slow tests to run on each mutant"
+        "--tests", nargs="+", default=[], help="slow-check, try: the tests to run on each mutant"
     )
     parser.add_argument(
         "--controls", nargs="*", default=[], help="slow-check: caught mutants run as controls"
@@ -463,6 +500,11 @@ def main(argv: list[str] | None = None) -> int:
         stage()
         slow_check(expand(args.modules)[0], args.tests, args.controls, args.nice)
         return 0
+    elif args.action == "try":
+        if not args.modules or not args.tests:
+            parser.error("try takes mutant names and --tests")
+        kills = try_mutants(args.modules, args.tests, args.nice)
+        return 0 if all(kills.values()) else 1
     else:  # modules named here count as run (their time unknown) when mutmut checked all their mutants
         report(dict.fromkeys(expand(args.modules)) if args.modules else None)
     print(table(json.loads(SCORE_JSON.read_text())))

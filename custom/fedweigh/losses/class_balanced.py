@@ -74,7 +74,7 @@ class ClassBalancedLoss(ClientLoss):
     ) -> None:
         super().__init__()
         self.task = check_task(task, "class_balanced")
-        counts = np.asarray(class_counts, dtype=np.float64)
+        counts = np.asarray(class_counts)  # class_balanced_weights takes it as float64
         if counts.ndim != 1:
             raise ValueError(f"class_balanced: class_counts must be a vector, got shape {counts.shape}")
         self.num_classes = counts.size

@@ -238,7 +238,7 @@ class DAFLLoss(ClientLoss):
         gamma = self._gamma()
         if self.task == "multilabel":
             y, valid = multilabel_targets(logits, targets)
-            pos, neg = sigmoid_focal_terms(logits, y, gamma)
+            pos, neg = sigmoid_focal_terms(logits, gamma)
             w_neg = self.negative_weight.to(logits.device)
             return masked_mean(w * y * pos + w_neg * (1.0 - y) * neg, valid)
         t = multiclass_targets(logits, targets)

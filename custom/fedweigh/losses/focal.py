@@ -29,9 +29,7 @@ from .base import (
 Gamma = float | torch.Tensor
 
 
-def sigmoid_focal_terms(
-    logits: torch.Tensor, y: torch.Tensor, gamma: Gamma
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sigmoid_focal_terms(logits: torch.Tensor, gamma: Gamma) -> tuple[torch.Tensor, torch.Tensor]:
     """Element-wise positive and negative focal terms (before the targets select them).
 
     pos = -(1 - s)^gamma log s,  neg = -s^gamma log(1 - s),  s = sigmoid(logits).
@@ -85,7 +83,7 @@ class FocalLoss(ClientLoss):
         check_num_classes(logits, self.num_classes, "focal")
         if self.task == "multilabel":
             y, valid = multilabel_targets(logits, targets)
-            pos, neg = sigmoid_focal_terms(logits, y, self.gamma)
+            pos, neg = sigmoid_focal_terms(logits, self.gamma)
             a_pos, a_neg = (1.0, 1.0) if self.alpha is None else (self.alpha, 1.0 - self.alpha)
             return masked_mean(a_pos * y * pos + a_neg * (1.0 - y) * neg, valid)
         t = multiclass_targets(logits, targets)

@@ -168,7 +168,7 @@ def scalar_vector(reports: Sequence[ClientReport], key: str, *, scheme: str, non
         for rep, v in zip(reports, values, strict=True):
             if v < 0:
                 raise ValueError(
-                    f"{scheme}: client {rep.name!r}: scalar {key!r} must be >= 0, got {v!r} "
+                    f"{scheme}: client {rep.name!r}: scalar {key!r} must be >= 0, got {float(v)!r} "
                     "(if the scalar is noised for privacy, clip it to its valid range before sending)"
                 )
     return values

@@ -37,6 +37,8 @@ def momentum_normaliser(num_steps: np.ndarray, momentum: float) -> np.ndarray:
     """||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho) for SGD with momentum rho (tau when rho = 0)."""
     tau = np.asarray(num_steps, dtype=np.float64)
     rho = float(momentum)
+    if not 0.0 <= rho < 1.0:  # at rho = 1 the sum diverges (the formula divides by 0)
+        raise ValueError(f"fednova: momentum must lie in [0, 1), got {momentum!r}")
     if rho == 0.0:
         return tau
     return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)

@@ -7,8 +7,8 @@ Non-IID Data". With theta_avg = (1/K) sum_k theta_k, the plain mean of the round
 
 over the trainable parameters (``geometry="trainable"``, default: BatchNorm's running statistics and
 other buffers excluded, :mod:`fedweigh.weighting.geometry`; ``geometry="all"``: every floating-point
-array of the state dict, the paper's "model weights" read as the whole state dict). Guard: distances are floored at ``eps``; if every distance is at
-most ``eps`` (one client, or identical clients) the weights are uniform 1/K. Needs the clients'
+array of the state dict, the paper's "model weights" read as the whole state dict). Guard: distances are floored at ``eps``, so if every distance
+is at most ``eps`` (one client, or identical clients) the weights are uniform 1/K. Needs the clients'
 plaintext models, so it cannot run under homomorphic encryption.
 """
 
@@ -63,10 +63,7 @@ class IDAWeights(ParameterGeometry, WeightingScheme):
             keys=self.compared_keys(global_params),
         )
         dist = gram.distances_to_mix(np.full(k, 1.0 / k))
-        if np.all(dist <= self.eps):
-            w = np.full(k, 1.0 / k)
-        else:
-            inv = 1.0 / np.maximum(dist, self.eps)
-            w = inv / inv.sum()
+        inv = 1.0 / np.maximum(dist, self.eps)  # every distance <= eps (identical updates): uniform
+        w = inv / inv.sum()
         self.last_details = {"distance": dist.tolist()}
         return w
