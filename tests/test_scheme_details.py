@@ -269,3 +269,136 @@ def test_fednova_normaliser_is_float_and_refuses_momentum_outside_zero_one():
     for bad in (1.0, -0.1, 1.5):
         with pytest.raises(ValueError, match=re.escape(f"fednova: momentum must lie in [0, 1), got {bad!r}")):
             momentum_normaliser(np.array([2]), bad)
+
+
+# --- FedDRAW: the prior-only path, its state and its helpers -----------------------------------------
+
+
+def test_feddraw_without_similarity_details_its_schedules_at_their_rate():
+    from fedweigh import schedules
+
+    scheme = get_scheme(
+        "feddraw", similarity="off", inner="exponential", outer="exponential", rate=2.0, rho=0.2
+    )
+    reports = [ClientReport("a", 1), ClientReport("b", 3)]
+    w = scheme.weights(reports, None, 4, 10)
+    lam = schedules.ramp("exponential", schedules.progress(4, 10), 2.0)
+    beta = schedules.deferred_anneal(4, 10, 1.0, 0.2, "exponential", 2.0)
+    assert lam != schedules.ramp("exponential", schedules.progress(4, 10))  # the rate matters here
+    assert scheme.last_details == {
+        "size_prior": [0.25, 0.75],
+        "lambda": lam,
+        "reputation": [0.25, 0.75],
+        "beta": beta,
+    }
+    p = np.array([0.25, 0.75])
+    np.testing.assert_allclose(w, p**beta / np.sum(p**beta), rtol=1e-12)
+
+
+def test_feddraw_floors_the_reputation_at_its_eps():
+    """eps is the scheme's, not the helper's default: with eps = 0.3 a prior of 0.1 counts as 0.3."""
+    scheme = get_scheme("feddraw", similarity="off", eps=0.3, beta_max=1.0, rho=1.0)
+    w = scheme.weights([ClientReport("a", 1), ClientReport("b", 9)], None, 1, 10)
+    np.testing.assert_allclose(w, [0.25, 0.75], rtol=1e-12)
+
+
+def test_feddraw_sites_report_a_similarity_only_under_encryption():
+    assert get_scheme("feddraw").scalars() == ()
+    assert get_scheme("feddraw").scalars(encrypted=True) == ("similarity",)
+
+
+def test_feddraw_state_round_trips_and_an_empty_state_is_a_fresh_one():
+    scheme = get_scheme("feddraw")
+    scheme.load_state_dict({})
+    assert scheme.previous_global is None and scheme.state_dict() == {}
+    scheme.previous_global = {"w": np.array([1.5, -2.0])}
+    state = scheme.state_dict()
+    other = get_scheme("feddraw")
+    other.load_state_dict(state)
+    np.testing.assert_array_equal(other.previous_global["w"], [1.5, -2.0])
+
+
+def test_feddraw_state_refuses_text_that_is_not_strict_base64_or_holds_pickled_objects():
+    import base64
+    import io
+
+    from fedweigh.weighting import feddraw
+
+    good = feddraw._encode_arrays({"w": np.array([1.0])})
+    assert good.isascii()
+    with pytest.raises(ValueError, match="^feddraw: malformed state 'previous_global'"):
+        get_scheme("feddraw").load_state_dict({"previous_global": good[:8] + "!" + good[8:]})
+    buf = io.BytesIO()
+    np.savez(buf, w=np.array([{"code": "x"}], dtype=object))  # an object array: loading it unpickles
+    pickled = base64.b64encode(buf.getvalue()).decode("ascii")
+    with pytest.raises(ValueError, match="^feddraw: malformed state 'previous_global': .*allow_pickle"):
+        get_scheme("feddraw").load_state_dict({"previous_global": pickled})
+
+
+def test_spread_similarity_is_float64_and_follows_its_formula():
+    from fedweigh.weighting.feddraw import spread_similarity
+
+    s = spread_similarity(np.array([0.5, 0.7, 0.6], dtype=np.float32))
+    assert s.dtype == np.float64
+    x = np.array([0.5, 0.7, 0.6], dtype=np.float32).astype(np.float64)
+    np.testing.assert_allclose(s, (x - x.min()) / np.sum(x - x.min()), rtol=1e-15)
+
+
+# --- CBR's histogram checks and its log ---------------------------------------------------------------
+
+
+def test_cbr_histogram_bounds_on_both_sides():
+    from fedweigh.weighting import cbr
+
+    assert cbr.skew_score(np.array([4])) == 0.0  # one category: valid, balanced
+    assert cbr.skew_score(np.array([1, 3], dtype=np.float32)) == cbr.skew_score(np.array([1.0, 3.0]))
+    with pytest.raises(
+        ValueError, match=re.escape("class counts must be a non-empty vector, got shape (0,)")
+    ):
+        cbr.skew_score(np.array([]))
+    with pytest.raises(
+        ValueError, match=re.escape("class counts must be a non-empty vector, got shape (1, 2)")
+    ):
+        cbr.skew_score(np.ones((1, 2)))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "class counts are all zero: the skew of an empty histogram is undefined (skew_score gives it the score of a maximally imbalanced site)"
+        ),
+    ):
+        cbr.imbalance_cv(np.zeros(3))
+
+
+def test_cbr_logs_an_all_zero_histogram_only(caplog):
+    scheme = get_scheme("cbr")
+    with caplog.at_level(logging.INFO, logger="fedweigh.weighting.cbr"):
+        assert (
+            scheme.client_scalars(ScalarContext(class_counts=np.array([0, 1]), num_samples=1))["skew"] == 1.0
+        )
+        assert caplog.records == []
+        skew = scheme.client_scalars(ScalarContext(class_counts=np.array([0, 0, 0, 0, 0]), num_samples=3))[
+            "skew"
+        ]
+    assert skew == pytest.approx(2.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "cbr: the site's label histogram is all zero (no positive for any finding); its skew is 2, the score "
+        "of a maximally imbalanced site (all labels in one category)"
+    ]
+
+
+# --- IDA and FedNova options --------------------------------------------------------------------------
+
+
+def test_ida_eps_bounds_on_both_sides():
+    assert get_scheme("ida", eps=1e-30).eps == 1e-30
+    for bad in (0.0, -1e-9, math.inf, math.nan):
+        with pytest.raises(
+            ValueError, match=f"^ida: eps must be a positive number, got {re.escape(repr(bad))}$"
+        ):
+            get_scheme("ida", eps=bad)
+
+
+def test_fednova_adam_normaliser_is_the_step_count_as_float():
+    a = get_scheme("fednova", local_optimizer="adam").normaliser(np.array([2, 5]))
+    assert a.dtype == np.float64
+    np.testing.assert_array_equal(a, [2.0, 5.0])

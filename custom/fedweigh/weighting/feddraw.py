@@ -78,13 +78,16 @@ SPREAD_MODES: tuple[str, ...] = ("minmax", "softmax")
 
 
 def spread_similarity(similarity: np.ndarray) -> np.ndarray:
-    """Min-max scale to [0, 1], then divide by the sum; uniform 1/K when all values are equal."""
+    """Min-max scale to [0, 1], then divide by the sum; uniform 1/K when all values are equal.
+
+    The min-max span cancels in the division: (s - min s) / sum_j (s_j - min s).
+    """
     s = np.asarray(similarity, dtype=np.float64)
-    span = float(s.max() - s.min())
-    if span <= 0.0:
+    shifted = s - s.min()
+    total = float(shifted.sum())
+    if total <= 0.0:
         return np.full(s.size, 1.0 / s.size)
-    scaled = (s - s.min()) / span
-    return scaled / scaled.sum()
+    return shifted / total
 
 
 def softmax_spread(similarity: np.ndarray, temperature: float = 1.0) -> np.ndarray:
