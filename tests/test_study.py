@@ -191,6 +191,34 @@ def test_analyse_command_writes_the_tables_that_rebuild_from_its_files(tmp_path)
     _assert_study_rebuilds(out, plan)
 
 
+def test_a_documents_study_tables_are_rebuilt_by_the_planned_analysis(tmp_path):
+    """A ``<!-- table: FOLDER claims -->`` marker on a study folder (it holds plan.json) ties a document's
+    table to the study's results.csv: verbatim passes, one changed figure is named with its rebuild."""
+    from fedweigh.bench.tables import check_document
+
+    plan = load_plan(PLAN)
+    folder = tmp_path / "docs" / "results" / "study"
+    folder.mkdir(parents=True)
+    (folder / "plan.json").write_text(PLAN.read_text())
+    doc = tmp_path / "results.md"
+    doc.write_text("<!-- table: docs/results/study claims -->\n| a |\n|---|\n")
+    assert check_document(doc, tmp_path) == [
+        "results.md:2: docs/results/study lacks results.csv (the study has not run)"
+    ]
+    _synthetic(plan, np.random.default_rng(5)).to_csv(folder / "results.csv", index=False)
+    tables = study_tables(analyse(plan, pd.read_csv(folder / "results.csv")))
+    text = "\n\n".join(
+        f"<!-- table: docs/results/study {name} -->\n{tables[name]}" for name in ("claims", "claim:C1")
+    )
+    doc.write_text(text + "\n")
+    assert check_document(doc, tmp_path) == []
+    effect = re.search(r"\| C1 \| feddraw vs fedavg \| ([+-]\d\.\d{4}) \|", text)[1]
+    changed = text.replace(f"| C1 | feddraw vs fedavg | {effect} |", "| C1 | feddraw vs fedavg | +9.9999 |")
+    doc.write_text(changed + "\n")
+    problems = check_document(doc, tmp_path)
+    assert len(problems) == 1 and problems[0].startswith("results.md:2: docs/results/study claims differs")
+
+
 def _assert_study_rebuilds(out: Path, plan) -> None:
     """claims.md and summary.json of a study folder are rebuilt verbatim from its results.csv."""
     summary = json.loads((out / "summary.json").read_text())

@@ -63,6 +63,7 @@ __all__ = [
 ]
 
 POWER_JSON = "power.json"
+PLAN_JSON = "plan.json"
 CLAIMS_MD = "claims.md"
 STUDY_SUMMARY_JSON = "summary.json"
 #: Test outcomes of a claim.
@@ -427,6 +428,16 @@ def study_tables(analysis: dict) -> dict[str, str]:
     return {"claims": claims_table(analysis)} | {
         f"claim:{cid}": scenario_table(analysis, cid) for cid in analysis["claims"]
     }
+
+
+def folder_tables(folder: str | Path) -> dict[str, str]:
+    """The tables of a committed study folder (plan.json, results.csv, power.json when there), rebuilt
+    by the planned analysis from its per-round results: what a document's study tables must equal."""
+    folder = Path(folder)
+    power_file = folder / POWER_JSON
+    power = json.loads(power_file.read_text()) if power_file.is_file() else None
+    plan = load_plan(folder / PLAN_JSON)
+    return study_tables(analyse(plan, pd.read_csv(folder / "results.csv"), power))
 
 
 def claims_markdown(analysis: dict) -> str:

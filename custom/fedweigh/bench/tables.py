@@ -6,7 +6,9 @@ A table in a Markdown document is tied to its data by a marker on the line befor
 
 RUN is the run's folder (relative to the repository root) holding ``summary.json`` and
 ``results.csv``, NAME one of :func:`results_tables`' keys, or ``replicate:OTHER`` with OTHER another
-run's folder: the same cells of both runs side by side (:func:`replicate_table`). A table whose run
+run's folder: the same cells of both runs side by side (:func:`replicate_table`). A confirmatory
+study's folder (it holds ``plan.json``) gives the study's tables (``claims``, ``claim:ID``:
+:func:`fedweigh.bench.study.folder_tables`), rebuilt by its planned analysis. A table whose run
 was not kept says so:
 
     <!-- table: none (REASON) -->
@@ -239,10 +241,18 @@ def check_document(path: str | Path, root: str | Path) -> list[str]:
             elif (rebuilt := replicate_table(run, root / other)) != t.text:
                 problems.append(f"{path.name}:{t.line}: {t.run} {t.name} differs; rebuilt:\n{rebuilt}")
             continue
-        if not (run / SUMMARY_JSON).is_file() or not (run / RESULTS_CSV).is_file():
+        if (run / "plan.json").is_file():  # a confirmatory study's folder: its planned analysis
+            if not (run / RESULTS_CSV).is_file():
+                problems.append(f"{path.name}:{t.line}: {t.run} lacks {RESULTS_CSV} (the study has not run)")
+                continue
+            from fedweigh.bench.study import folder_tables
+
+            tables = built.setdefault(t.run, folder_tables(run))
+        elif not (run / SUMMARY_JSON).is_file() or not (run / RESULTS_CSV).is_file():
             problems.append(f"{path.name}:{t.line}: {t.run} lacks {SUMMARY_JSON} or {RESULTS_CSV}")
             continue
-        tables = built.setdefault(t.run, results_tables(run))
+        else:
+            tables = built.setdefault(t.run, results_tables(run))
         if t.name not in tables:
             problems.append(
                 f"{path.name}:{t.line}: no table {t.name!r} in {t.run}; tables: {', '.join(tables)}"
