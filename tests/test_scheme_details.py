@@ -402,3 +402,44 @@ def test_fednova_adam_normaliser_is_the_step_count_as_float():
     a = get_scheme("fednova", local_optimizer="adam").normaliser(np.array([2, 5]))
     assert a.dtype == np.float64
     np.testing.assert_array_equal(a, [2.0, 5.0])
+
+
+def test_bound_by_prior_is_float64_and_quiet_where_a_share_equals_its_prior():
+    import warnings
+
+    from fedweigh.weighting.feddraw import bound_by_prior
+
+    share = np.array([0.5, 0.4, 0.1], dtype=np.float32)
+    prior = np.array([0.5, 0.25, 0.25], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # site 1's share is its prior: nothing divides by its 0 difference
+        bounded, m = bound_by_prior(share, prior, 2.0)
+        bound_by_prior(np.array([0.5, 0.3, 0.2]), np.array([0.5, 0.25, 0.25]), 1.0)
+    assert bounded.dtype == np.float64
+    # c = 2: the third site (0.1 < 0.25 / 2) binds: 1 - m = (1 - 1/2) 0.25 / 0.15
+    keep = 0.5 * float(np.float32(0.25)) / (float(np.float32(0.25)) - float(np.float32(0.1)))
+    assert m == pytest.approx(1.0 - keep, rel=1e-12)
+
+
+def test_feddraw_sites_compute_their_similarity_from_the_models_only_when_one_is_asked_for():
+    g = {"w": np.zeros(2), "b": np.zeros(1)}
+    assert get_scheme("feddraw", similarity="off").client_scalars(ScalarContext()) == {}
+    assert get_scheme("feddraw", similarity="delta").client_scalars(ScalarContext()) == {}
+    with pytest.raises(ValueError, match="^feddraw: the client needs its trained and the global parameters"):
+        get_scheme("feddraw").client_scalars(ScalarContext())
+    # the site's own check names it as the client
+    with pytest.raises(ValueError, match=r"^client 'client': parameter keys differ from the global model"):
+        get_scheme("feddraw").client_scalars(
+            ScalarContext(params={"w": np.ones(2)}, global_params=g, previous_global=g)
+        )
+
+
+@pytest.mark.parametrize("skew", ["cv", "code", "sqdev"])
+def test_cbr_balance_weights_compute_in_float64(skew):
+    scheme = get_scheme("cbr", skew=skew)
+    skews = np.array([0.1, 0.3, 0.7], dtype=np.float32)
+    w = scheme.balance_weights(skews)
+    exact = skews.astype(np.float64)
+    inv = 1.0 / (exact + 1e-6) if skew == "cv" else 1.0 / np.maximum(exact, 1e-6)
+    assert w.dtype == np.float64
+    np.testing.assert_array_equal(w, inv / inv.sum())

@@ -119,13 +119,12 @@ def bound_by_prior(share: np.ndarray, prior: np.ndarray, factor: float) -> tuple
     p = np.asarray(prior, dtype=np.float64)
     d = s_hat - p
     keep = 1.0
-    with np.errstate(divide="ignore"):
-        above = d > 0
-        if above.any():
-            keep = min(keep, float(np.min((factor - 1.0) * p[above] / d[above])))
-        below = d < 0
-        if below.any():
-            keep = min(keep, float(np.min((1.0 - 1.0 / factor) * p[below] / -d[below])))
+    above = d > 0  # only non-zero differences divide
+    if above.any():
+        keep = min(keep, float(np.min((factor - 1.0) * p[above] / d[above])))
+    below = d < 0
+    if below.any():
+        keep = min(keep, float(np.min((1.0 - 1.0 / factor) * p[below] / -d[below])))
     keep = max(keep, 0.0)
     return keep * s_hat + (1.0 - keep) * p, 1.0 - keep
 
