@@ -443,3 +443,16 @@ def test_cbr_balance_weights_compute_in_float64(skew):
     inv = 1.0 / (exact + 1e-6) if skew == "cv" else 1.0 / np.maximum(exact, 1e-6)
     assert w.dtype == np.float64
     np.testing.assert_array_equal(w, inv / inv.sum())
+
+
+def test_softmax_spread_defaults_to_temperature_one_in_float64():
+    from fedweigh.weighting.base import softmax
+    from fedweigh.weighting.feddraw import softmax_spread
+
+    s = np.array([0.2, 0.5, 0.6], dtype=np.float32)
+    x = s.astype(np.float64)
+    z = (x - x.mean()) / x.std()
+    spread = softmax_spread(s)
+    assert spread.dtype == np.float64
+    np.testing.assert_allclose(spread, softmax(z), rtol=1e-12)
+    assert not np.allclose(softmax_spread(s, 2.0), spread)
