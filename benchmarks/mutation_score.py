@@ -388,7 +388,7 @@ def slow_check(module: str, tests: list[str], controls: list[str], nice: int) ->
     start (``PYTHONPATH``; mutmut selects the mutant by ``MUTANT_UNDER_TEST``, which they inherit).
     Controls: the tests pass with no mutant, and fail on the ``controls``, mutants the fast tests
     caught that change what the slow tests see (so the mutated code does reach them).
-    Written to docs/results/mutations/slow_check.json.
+    Written to docs/results/mutations/slow_check.json under the module's name (other modules' checks kept).
     """
     meta = json.loads(meta_path(module).read_text())["exit_code_by_key"]
     missed = [m for m, code in meta.items() if _status(code) not in CAUGHT]
@@ -427,12 +427,13 @@ def slow_check(module: str, tests: list[str], controls: list[str], nice: int) ->
         )
         print(f"{mutant or '(none)'} [{role}]: exit {done.returncode} {failed}", flush=True)
     payload = {
-        "module": module,
         "sha256": file_sha256(module),
         "tests": tests,
         "runs": results,
     }
-    atomic_write_json(RESULTS / "slow_check.json", payload, private=False, indent=1)
+    checks = _load(RESULTS / "slow_check.json", {})  # module -> its last check
+    checks[module] = payload
+    atomic_write_json(RESULTS / "slow_check.json", dict(sorted(checks.items())), private=False, indent=1)
     return payload
 
 

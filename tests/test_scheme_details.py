@@ -260,12 +260,15 @@ def test_fedadp_refuses_a_malformed_state_naming_what_is_wrong():
         scheme.load_state_dict({"smoothed_angle": {"a": 0.5}, "participations": {"b": 1}})
 
 
-def test_fednova_normaliser_is_float_and_refuses_momentum_outside_zero_one():
+def test_fednova_normaliser_is_float64():
     np.testing.assert_array_equal(momentum_normaliser(np.array([3, 4]), 0.0), [3.0, 4.0])
     assert momentum_normaliser(np.array([3, 4]), 0.0).dtype == np.float64
     assert momentum_normaliser([3, 4], 0.5).dtype == np.float64
     # rho = 0.5, tau = 2: [2 - 0.5 (1 - 0.25) / 0.5] / 0.5 = (2 - 0.75) / 0.5 = 2.5 (= 1 + 1.5)
     assert momentum_normaliser(np.array([2]), 0.5)[0] == pytest.approx(2.5, rel=1e-15)
+
+
+def test_fednova_normaliser_refuses_momentum_outside_zero_one():
     for bad in (1.0, -0.1, 1.5):
         with pytest.raises(ValueError, match=re.escape(f"fednova: momentum must lie in [0, 1), got {bad!r}")):
             momentum_normaliser(np.array([2]), bad)
