@@ -459,3 +459,70 @@ def test_softmax_spread_defaults_to_temperature_one_in_float64():
     assert spread.dtype == np.float64
     np.testing.assert_allclose(spread, softmax(z), rtol=1e-12)
     assert not np.allclose(softmax_spread(s, 2.0), spread)
+
+
+# --- FedAdp ---------------------------------------------------------------------------------------------
+
+
+def _fedadp_round(alpha: float = 5.0, sizes=(100, 300, 600)):
+    from fedweigh.weighting.fedadp import gompertz
+
+    g = {"w": np.zeros(3)}
+    deltas = [np.array([1.0, 0.0, 0.0]), np.array([1.0, 1.0, 0.0]), np.array([0.0, 1.0, 1.0])]
+    reports = [
+        ClientReport(f"s{i}", n, params={"w": d}) for i, (n, d) in enumerate(zip(sizes, deltas, strict=True))
+    ]
+    n = np.array(sizes, dtype=np.float64)
+    mean = sum((ni / n.sum()) * d for ni, d in zip(n, deltas, strict=True))
+    angles = np.array([np.arccos(d @ mean / (np.linalg.norm(d) * np.linalg.norm(mean))) for d in deltas])
+    f = gompertz(angles, alpha)
+    return reports, g, angles, f, n
+
+
+def test_fedadp_details_and_weights_follow_the_formula_at_its_alpha():
+    from fedweigh.weighting.fedadp import gompertz
+
+    reports, g, angles, f, n = _fedadp_round(alpha=2.0)
+    scheme = get_scheme("fedadp", alpha=2.0)
+    w = scheme.weights(reports, g, 1, 3)
+    assert set(scheme.last_details) == {"angle", "smoothed_angle", "gompertz"}
+    np.testing.assert_allclose(scheme.last_details["angle"], angles, rtol=1e-12)
+    np.testing.assert_allclose(scheme.last_details["smoothed_angle"], angles, rtol=1e-12)
+    np.testing.assert_allclose(scheme.last_details["gompertz"], f, rtol=1e-12)
+    assert not np.allclose(f, gompertz(angles))  # alpha 2 is not the default 5
+    np.testing.assert_allclose(w, n * np.exp(f) / np.sum(n * np.exp(f)), rtol=1e-12)
+
+
+def test_fedadp_weights_stay_finite_for_huge_sample_counts():
+    """The softmax subtracts the largest logit: log N_k of 10^200 samples would overflow exp otherwise."""
+    reports, g, angles, f, n = _fedadp_round(sizes=(10**200, 2 * 10**200, 3 * 10**200))
+    w = get_scheme("fedadp").weights(reports, g, 1, 3)
+    expected = np.array([1.0, 2.0, 3.0]) * np.exp(f)
+    np.testing.assert_allclose(w, expected / expected.sum(), rtol=1e-12)
+
+
+def test_gompertz_is_float64():
+    from fedweigh.weighting.fedadp import gompertz
+
+    a = np.array([0.3, 1.2], dtype=np.float32)
+    out = gompertz(a)
+    assert out.dtype == np.float64
+    x = a.astype(np.float64)
+    np.testing.assert_array_equal(out, 5.0 * (1.0 - np.exp(-np.exp(-5.0 * (x - 1.0)))))
+
+
+def test_fedadp_alpha_bounds_on_both_sides():
+    assert get_scheme("fedadp", alpha=0.5).alpha == 0.5  # below 1 is allowed: any positive number
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(
+            ValueError, match=f"^fedadp: alpha must be a positive number, got {re.escape(repr(bad))}$"
+        ):
+            get_scheme("fedadp", alpha=bad)
+
+
+def test_feddisco_refuses_either_coefficient_infinite():
+    for a, b in ((math.inf, 0.1), (0.5, math.nan), (math.inf, math.inf)):
+        with pytest.raises(
+            ValueError, match=re.escape(f"feddisco: a and b must be finite, got a={a!r}, b={b!r}")
+        ):
+            get_scheme("feddisco", a=a, b=b)
