@@ -177,3 +177,89 @@ def test_dafl_penalty_is_l1_times_the_absolute_sum_and_zero_without_l1():
     model.requires_grad_(False)
     frozen = DAFLLoss.from_context(ml_ctx(), l1=1.0).penalty(model)
     assert frozen.shape == () and frozen.item() == 0.0
+
+
+# --- the loss context and the target checks: both sides of every bound --------------------------
+
+
+def test_loss_context_bounds_on_both_sides():
+    assert LossContext("multilabel", 1, np.array([0]), 0).num_classes == 1  # one finding, no samples: valid
+    assert LossContext("multiclass", 2, np.array([1, 1]), 2).num_classes == 2
+    for task, c in (("multilabel", 0), ("multiclass", 1)):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"LossContext.num_classes must be >= 1 (multilabel) or >= 2 (multiclass), got {c} for task '{task}'"
+            ),
+        ):
+            LossContext(task, c, np.zeros(c), 4)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("LossContext.task must be one of ('multilabel', 'multiclass'), got 'ranking'"),
+    ):
+        LossContext("ranking", 3, np.zeros(3), 4)
+    with pytest.raises(ValueError, match=re.escape("LossContext.num_samples must be non-negative, got -1")):
+        LossContext("multilabel", 2, np.zeros(2), -1)
+    with pytest.raises(
+        ValueError, match=re.escape("LossContext.class_counts must be non-negative, got [-1.0, 0.0]")
+    ):
+        LossContext("multilabel", 2, np.array([-1, 0]), 4)
+    assert LossContext("multilabel", 2, np.array([4, 0]), 4).class_counts.tolist() == [4.0, 0.0]  # = N: valid
+    with pytest.raises(
+        ValueError, match=re.escape("LossContext.class_counts [5.0, 0.0] exceed num_samples=4")
+    ):
+        LossContext("multilabel", 2, np.array([5, 0]), 4)
+    with pytest.raises(
+        ValueError, match=re.escape("LossContext.class_counts must have shape (2,), got (3,)")
+    ):
+        LossContext("multilabel", 2, np.zeros(3), 4)
+    with pytest.raises(
+        ValueError, match=re.escape("LossContext.global_class_counts holds non-finite values: [1.0, nan]")
+    ):
+        LossContext("multilabel", 2, np.zeros(2), 4, global_class_counts=np.array([1.0, np.nan]))
+    assert LossContext("multilabel", 2, np.zeros(2), 4, global_num_samples=1).global_num_samples == 1
+    with pytest.raises(ValueError, match=re.escape("LossContext.global_num_samples must be positive, got 0")):
+        LossContext("multilabel", 2, np.zeros(2), 4, global_num_samples=0)
+    assert (
+        LossContext("multilabel", 2, np.zeros(2), 4, client_level_parameter=0.0).client_level_parameter == 0.0
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("LossContext.client_level_parameter must be finite, got inf")
+    ):
+        LossContext("multilabel", 2, np.zeros(2), 4, client_level_parameter=float("inf"))
+
+
+def test_multiclass_targets_bounds_on_both_sides():
+    from fedweigh.losses.base import multiclass_targets, multilabel_targets
+
+    logits = torch.zeros(3, 4)
+    assert multiclass_targets(logits, torch.tensor([0, 3, 1])).tolist() == [0, 3, 1]
+    assert multiclass_targets(logits, torch.tensor([[0.0], [2.6], [1.2]])).tolist() == [
+        0,
+        3,
+        1,
+    ]  # (B, 1), rounded
+    assert multiclass_targets(logits, torch.tensor([0, 1, 2])).dtype == torch.int64
+    for bad, low, high in (([0, 4, 1], 0, 4), ([-1, 0, 1], -1, 1)):
+        with pytest.raises(
+            ValueError, match=re.escape(f"multiclass targets must lie in [0, 4), got min {low}, max {high}")
+        ):
+            multiclass_targets(logits, torch.tensor(bad))
+    with pytest.raises(ValueError, match="^multiclass targets contain NaN: class indices are required$"):
+        multiclass_targets(logits, torch.tensor([0.0, float("nan"), 1.0]))
+    with pytest.raises(ValueError, match=re.escape("multiclass targets must have shape (3,), got (2,)")):
+        multiclass_targets(logits, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=re.escape("multiclass logits must have shape (B, C), got (4,)")):
+        multiclass_targets(torch.zeros(4), torch.tensor([0]))
+    assert multiclass_targets(torch.zeros(0, 4), torch.zeros(0, dtype=torch.long)).numel() == 0
+    y, valid = multilabel_targets(logits, torch.tensor([[1.0, float("nan"), 0.0, 1.0]] * 3))
+    assert y[0].tolist() == [1.0, 0.0, 0.0, 1.0] and valid[0].tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert y.dtype == torch.float32 and valid.dtype == torch.float32
+    with pytest.raises(
+        ValueError, match=re.escape("multilabel targets must have the logits' shape (3, 4), got (3, 3)")
+    ):
+        multilabel_targets(logits, torch.zeros(3, 3))
+    with pytest.raises(
+        ValueError, match=re.escape("multilabel logits must have shape (B, C), got (3, 4, 1)")
+    ):
+        multilabel_targets(torch.zeros(3, 4, 1), torch.zeros(3, 4, 1))
