@@ -249,18 +249,34 @@ def module_result(
     before = previous["before"] if previous and previous.get("status") == "run" else after
     if not fresh and previous and previous.get("status") == "run":
         after["run_at"] = previous["after"]["run_at"]  # the report rebuilt, not rerun
-    # survivors of the first run that a later run caught: their verdict names the test that kills them
-    caught_since = [
-        {"mutant": m, "diff": verdicts[m]["diff"], "verdict": verdicts[m]["verdict"]}
-        for m in before["survivors"]
-        if m in codes and _status(codes[m]) in CAUGHT and m in verdicts
-    ]
+    # survivors of the first run that a later run caught: their verdict names the test that kills them;
+    # a survivor whose line was rewritten since (its name now means another change, or no longer
+    # exists) is listed apart: the mutant is gone, and the rewritten code's own mutants are in ``after``
+    caught_since, rewritten = [], []
+    known_rewritten = (  # a report rebuilt without a new run keeps the last run's finding
+        {x["mutant"] for x in previous.get("rewritten_since_before", [])} if previous and not fresh else None
+    )
+    for m in before["survivors"]:
+        if m not in verdicts or m in after["survivors"]:
+            continue
+        if known_rewritten is not None:
+            same = m not in known_rewritten
+        else:
+            same = m in codes and _status(codes[m]) in CAUGHT and _diff(m) == verdicts[m]["diff"]
+        if same:
+            caught_since.append({"mutant": m, "diff": verdicts[m]["diff"], "verdict": verdicts[m]["verdict"]})
+        else:
+            verdicts[m]["verdict"] = (
+                "rewritten: the code this mutant changed was rewritten since the first run"
+            )
+            rewritten.append({"mutant": m, "diff": verdicts[m]["diff"], "verdict": verdicts[m]["verdict"]})
     return {
         "status": "run",
         "before": before,
         "after": after,
         "survivors": survivors,
         "caught_since_before": caught_since,
+        "rewritten_since_before": rewritten,
     }
 
 
@@ -292,7 +308,7 @@ def report(
             )
             if together and len(together.get(module, [])) > 1:
                 modules[module]["after"]["run_with"] = [m for m in together[module] if m != module]
-            elif module not in seconds and "run_with" in previous[module]["after"]:
+            elif "run_with" in previous.get(module, {}).get("after", {}):  # a rebuilt report keeps it
                 modules[module]["after"]["run_with"] = previous[module]["after"]["run_with"]
         elif ran:
             modules[module] = {"status": "no mutants", "sha256": file_sha256(module)}
@@ -367,14 +383,17 @@ def markdown(payload: dict) -> str:
         table(payload),
     ]
     for module, entry in payload["modules"].items():
-        if entry["status"] != "run" or not (entry["survivors"] or entry["caught_since_before"]):
+        if entry["status"] != "run" or not (
+            entry["survivors"] or entry["caught_since_before"] or entry.get("rewritten_since_before")
+        ):
             continue
         lines += [f"## `{module}`", "", f"sha256 `{entry['after']['sha256']}`", ""]
         for group, title in (
             ("caught_since_before", "caught since the first run"),
+            ("rewritten_since_before", "rewritten since the first run"),
             ("survivors", "not caught"),
         ):
-            for s in entry[group]:
+            for s in entry.get(group, []):
                 lines += [f"- `{s['mutant']}` ({title}): {s['verdict']}", "", "  ```diff"]
                 lines += ["  " + line for line in s["diff"].splitlines()] + ["  ```", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -506,8 +525,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("try takes mutant names and --tests")
         kills = try_mutants(args.modules, args.tests, args.nice)
         return 0 if all(kills.values()) else 1
-    else:  # modules named here count as run (their time unknown) when mutmut checked all their mutants
-        report(dict.fromkeys(expand(args.modules)) if args.modules else None)
+    else:  # modules named here count as run when mutmut checked all their mutants (the last time recorded kept)
+        previous = _load(SCORE_JSON, {}).get("modules", {})
+        report(
+            {m: previous.get(m, {}).get("after", {}).get("seconds") for m in expand(args.modules)}
+            if args.modules
+            else None
+        )
     print(table(json.loads(SCORE_JSON.read_text())))
     return 0
 
