@@ -239,7 +239,11 @@ def test_multiclass_targets_bounds_on_both_sides():
         3,
         1,
     ]  # (B, 1), rounded
-    assert multiclass_targets(logits, torch.tensor([0, 1, 2])).dtype == torch.int64
+    for given in (torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0.0, 1.0, 2.4])):
+        assert multiclass_targets(logits, given).dtype == torch.int64
+    # checked where they are, then moved to the logits' device (a meta tensor stands in for an accelerator)
+    moved = multiclass_targets(torch.zeros(3, 4, device="meta"), torch.tensor([0, 3, 1]))
+    assert moved.device.type == "meta" and moved.dtype == torch.int64
     for bad, low, high in (([0, 4, 1], 0, 4), ([-1, 0, 1], -1, 1)):
         with pytest.raises(
             ValueError, match=re.escape(f"multiclass targets must lie in [0, 4), got min {low}, max {high}")
@@ -263,3 +267,13 @@ def test_multiclass_targets_bounds_on_both_sides():
         ValueError, match=re.escape("multilabel logits must have shape (B, C), got (3, 4, 1)")
     ):
         multilabel_targets(torch.zeros(3, 4, 1), torch.zeros(3, 4, 1))
+
+
+def test_the_default_penalty_is_a_zero_on_the_models_device():
+    from fedweigh.losses.bce import BCELoss
+
+    loss = BCELoss()
+    on_meta = loss.penalty(nn.Linear(2, 1, device="meta"))
+    assert on_meta.device.type == "meta" and on_meta.shape == ()
+    no_parameters = loss.penalty(nn.Identity())  # a model without parameters: a zero on the default device
+    assert no_parameters.device.type == "cpu" and no_parameters.item() == 0.0

@@ -162,14 +162,14 @@ def multiclass_targets(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
         if torch.any(torch.isnan(targets)):
             raise ValueError("multiclass targets contain NaN: class indices are required")
         targets = targets.round()
-    targets = targets.to(device=logits.device, dtype=torch.int64)
+    targets = targets.to(dtype=torch.int64)
     num_classes = logits.shape[1]
     if targets.numel() and bool(((targets < 0) | (targets >= num_classes)).any()):
         raise ValueError(
             f"multiclass targets must lie in [0, {num_classes}), got min {int(targets.min())}, "
             f"max {int(targets.max())}"
         )
-    return targets
+    return targets.to(device=logits.device)  # checked where they are, then moved to the logits
 
 
 def check_num_classes(logits: torch.Tensor, num_classes: int, loss_name: str) -> None:
