@@ -149,8 +149,11 @@ def meta_path(module: str) -> Path:
     return MUTANTS / "src" / (Path(module).relative_to("custom").as_posix() + ".meta")
 
 
-def run(modules: list[str], nice: int) -> dict[str, float | None] | None:
-    """One ``mutmut run`` over ``modules``; its wall time for each of them, or None if it stopped."""
+def run(modules: list[str], nice: int, resume: bool = False) -> dict[str, float | None] | None:
+    """One ``mutmut run`` over ``modules``; its wall time for each of them, or None if it stopped.
+
+    ``resume``: keep the results of a run that stopped half-way (mutmut then runs only the mutants
+    without one); the time recorded is that of this run only."""
     stage()
     with_mutants = []
     for module in modules:
@@ -161,7 +164,7 @@ def run(modules: list[str], nice: int) -> dict[str, float | None] | None:
     if not with_mutants:
         return dict.fromkeys(modules, 0.0)
     for module in with_mutants:  # forget the last results, so that a run stopped half-way shows as such
-        if meta_path(module).exists():
+        if meta_path(module).exists() and not resume:
             meta = json.loads(meta_path(module).read_text())
             meta["exit_code_by_key"] = dict.fromkeys(meta["exit_code_by_key"])
             meta_path(module).write_text(json.dumps(meta, indent=4))
@@ -445,6 +448,10 @@ def slow_check(module: str, tests: list[str], controls: list[str], nice: int) ->
             }
         )
         print(f"{mutant or '(none)'} [{role}]: exit {done.returncode} {failed}", flush=True)
+        if not mutant and done.returncode != 0:  # the slow tests must pass as they are, or nothing is shown
+            raise SystemExit(
+                f"the slow tests fail with no mutant (exit {done.returncode}):\n{done.stdout[-2000:]}"
+            )
     payload = {
         "sha256": file_sha256(module),
         "tests": tests,
@@ -496,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--nice", type=int, default=15, help="niceness of the mutmut runs (default 15)")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="run: go on from a run that stopped half-way (keep the mutants it checked)",
+    )
+    parser.add_argument(
         "--tests", nargs="+", default=[], help="slow-check, try: the tests to run on each mutant"
     )
     parser.add_argument(
@@ -508,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds: dict[str, float] = {}
         together: dict[str, list[str]] = {}
         for group in groups:  # the report after each run, so that a stopped run keeps what it measured
-            measured = run(group, args.nice)
+            measured = run(group, args.nice, args.resume)
             seconds.update(measured or dict.fromkeys(group))
             together.update({module: group for module in group})
             report(seconds, together)
