@@ -104,3 +104,21 @@ def test_a_survivor_caught_later_names_an_existing_test_that_kills_it():
 def test_score_md_and_the_testing_page_show_the_committed_scores():
     assert (RESULTS / "score.md").read_text() == SCORE.markdown(REPORT)
     assert SCORE.table(REPORT) in (ROOT / "docs" / "testing.md").read_text()
+
+
+def test_the_slow_check_found_nothing_the_fast_tests_miss():
+    """docs/results/mutations/slow_check.json: per module checked, the slow tests passed with no mutant,
+    failed on every control (so the mutated code reaches them), and passed on every mutant the fast tests
+    let through, which are exactly the module's survivors in the report, measured on the same file."""
+    checks = json.loads((RESULTS / "slow_check.json").read_text())
+    assert checks, "no slow check is recorded"
+    for module, check in checks.items():
+        entry = REPORT["modules"][module]
+        assert check["sha256"] == entry["after"]["sha256"] == SCORE.file_sha256(module), module
+        runs = check["runs"]
+        assert [r["role"] for r in runs[:1]] == ["control: no mutant"] and runs[0]["returncode"] == 0, module
+        controls = [r for r in runs if r["role"] == "control: caught by the fast tests"]
+        assert controls and all(r["returncode"] != 0 and r["failed"] for r in controls), module
+        missed = [r for r in runs if r["role"] == "not caught by the fast tests"]
+        assert sorted(r["mutant"] for r in missed) == sorted(entry["after"]["survivors"]), module
+        assert all(r["returncode"] == 0 for r in missed), f"{module}: a slow test catches what the fast tests miss"
