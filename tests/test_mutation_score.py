@@ -121,4 +121,6 @@ def test_the_slow_check_found_nothing_the_fast_tests_miss():
         assert controls and all(r["returncode"] != 0 and r["failed"] for r in controls), module
         missed = [r for r in runs if r["role"] == "not caught by the fast tests"]
         assert sorted(r["mutant"] for r in missed) == sorted(entry["after"]["survivors"]), module
-        assert all(r["returncode"] == 0 for r in missed), f"{module}: a slow test catches what the fast tests miss"
+        assert all(r["returncode"] == 0 for r in missed), (
+            f"{module}: a slow test catches what the fast tests miss"
+        )

@@ -285,3 +285,25 @@ def test_the_plan_runs_exactly_its_cells_or_names_a_method_not_yet_in_the_catalo
         (sc, m, s) for sc in plan.scenarios for m in plan.methods for s in plan.seeds
     )
     assert config.profile == "standard" and config.rounds == 30 and config.eval_every == 5
+
+
+def test_the_studys_time_adds_up_its_sessions(tmp_path):
+    """Two invocations (a session that stopped, one that resumed): each owns the cells written before the
+    next started; the first ends with its last cell, the last with the analysis."""
+    import os
+
+    from fedweigh.bench.study import INVOCATIONS, study_time
+
+    assert study_time(tmp_path) is None
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    (tmp_path / INVOCATIONS).write_text(
+        json.dumps({"started": 1000.0, "jobs": 2}) + "\n" + json.dumps({"started": 5000.0, "jobs": 2}) + "\n"
+    )
+    for name, mtime, seconds in (("a", 1500.0, 400.0), ("b", 2600.0, 900.0), ("c", 5900.0, 800.0)):
+        (cells / f"{name}.json").write_text(json.dumps({"seconds": seconds}))
+        os.utime(cells / f"{name}.json", (mtime, mtime))
+    t = study_time(tmp_path, now=6000.0)
+    assert [(i["cells"], i["wall_seconds"]) for i in t["invocations"]] == [(2, 1600.0), (1, 1000.0)]
+    assert t["wall_seconds"] == 2600.0 and t["cell_seconds"] == 2100.0 and t["cells"] == 3
+    assert t["invocations"][1]["started"] == "1970-01-01T01:23:20+00:00"

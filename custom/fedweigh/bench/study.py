@@ -462,11 +462,55 @@ def write_analysis(plan: Plan, run_dir: str | Path, out_dir: str | Path, power: 
         analysis["secondary_metrics"] = {
             k: bench.get(k) for k in ("mean_auc", "mean_auc_last_k", "mean_auc_common", "mean_auc_rare")
         }
+    analysis["time"] = study_time(run_dir)
     if run_dir.resolve() != out_dir.resolve():
         atomic_write_text(out_dir / "results.csv", results.to_csv(index=False), private=False)
     atomic_write_json(out_dir / STUDY_SUMMARY_JSON, analysis, private=False, indent=1)
     atomic_write_text(out_dir / CLAIMS_MD, claims_markdown(analysis), private=False)
     return analysis
+
+
+INVOCATIONS = "study_invocations.jsonl"
+
+
+def study_time(work_dir: str | Path, now: float | None = None) -> dict | None:
+    """How long the study took, across the sessions it ran in: per invocation of ``run`` (its start,
+    from ``study_invocations.jsonl``) the cells written before the next one started and when the last of
+    them was written; their sum of wall time; and the cells' own training seconds summed (parallel
+    jobs overlap, so that sum exceeds the wall time). None without an invocation log."""
+    import datetime as dt
+    import time
+
+    work_dir = Path(work_dir)
+    log = work_dir / INVOCATIONS
+    if not log.is_file():
+        return None
+    starts = sorted(json.loads(line)["started"] for line in log.read_text().splitlines() if line.strip())
+    cells = [
+        (f.stat().st_mtime, float(json.loads(f.read_text()).get("seconds") or 0.0))
+        for f in sorted((work_dir / "cells").glob("*.json"))
+    ]
+    now = time.time() if now is None else now
+    invocations = []
+    for i, start in enumerate(starts):
+        end_limit = starts[i + 1] if i + 1 < len(starts) else now
+        written = [m for m, _ in cells if start <= m < end_limit]
+        end = max(written) if written else start
+        if i + 1 == len(starts):
+            end = now  # the last one ends with this analysis
+        invocations.append(
+            {
+                "started": dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat(timespec="seconds"),
+                "cells": len(written),
+                "wall_seconds": round(end - start, 1),
+            }
+        )
+    return {
+        "invocations": invocations,
+        "wall_seconds": round(sum(i["wall_seconds"] for i in invocations), 1),
+        "cell_seconds": round(sum(sec for _, sec in cells), 1),
+        "cells": len(cells),
+    }
 
 
 def run_study(
@@ -478,6 +522,11 @@ def run_study(
 
     power_file = Path(out_dir) / POWER_JSON
     power = json.loads(power_file.read_text()) if power_file.is_file() else None
+    import time
+
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(work_dir) / INVOCATIONS, "a") as log:  # the study's time across sessions
+        log.write(json.dumps({"started": time.time(), "jobs": jobs}) + "\n")
     run_bench(plan_config(plan), work_dir, jobs=jobs, progress=progress)
     return write_analysis(plan, work_dir, out_dir, power)
 
