@@ -526,3 +526,21 @@ def test_feddisco_refuses_either_coefficient_infinite():
             ValueError, match=re.escape(f"feddisco: a and b must be finite, got a={a!r}, b={b!r}")
         ):
             get_scheme("feddisco", a=a, b=b)
+
+
+# --- the registry ---------------------------------------------------------------------------------------
+
+
+def test_get_scheme_names_the_known_schemes_and_options_when_refusing():
+    from fedweigh.weighting import SCHEMES
+
+    with pytest.raises(
+        KeyError, match=re.escape(f"unknown weighting scheme 'fedmax'; known: {', '.join(sorted(SCHEMES))}")
+    ):
+        get_scheme("fedmax")
+    with pytest.raises(
+        TypeError,
+        match=r"^feddisco: .*unexpected keyword argument 'c'; options: a, b, integer_buffers, target$",
+    ):
+        get_scheme("feddisco", c=1.0)
+    assert get_scheme("feddisco", a=0.25).a == 0.25
