@@ -524,9 +524,11 @@ def run_study(
     power = json.loads(power_file.read_text()) if power_file.is_file() else None
     import time
 
-    Path(work_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(work_dir) / INVOCATIONS, "a") as log:  # the study's time across sessions
-        log.write(json.dumps({"started": time.time(), "jobs": jobs}) + "\n")
+    from fedweigh.io import atomic_write_text
+
+    log = Path(work_dir) / INVOCATIONS  # the study's time across sessions: one line per invocation
+    before = log.read_text() if log.is_file() else ""
+    atomic_write_text(log, before + json.dumps({"started": time.time(), "jobs": jobs}) + "\n", private=False)
     run_bench(plan_config(plan), work_dir, jobs=jobs, progress=progress)
     return write_analysis(plan, work_dir, out_dir, power)
 
