@@ -287,8 +287,8 @@ def test_the_plan_runs_exactly_its_cells_or_names_a_method_not_yet_in_the_catalo
     assert config.profile == "standard" and config.rounds == 30 and config.eval_every == 5
 
 
-def test_the_studys_time_adds_up_its_sessions(tmp_path):
-    """Two invocations (a session that stopped, one that resumed): each owns the cells written before the
+def test_the_studys_time_adds_up_its_invocations(tmp_path):
+    """Two invocations (a run that stopped, one that resumed it): each owns the cells written before the
     next started; the first ends with its last cell, the last with the analysis."""
     import os
 

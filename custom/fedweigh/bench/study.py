@@ -474,7 +474,7 @@ INVOCATIONS = "study_invocations.jsonl"
 
 
 def study_time(work_dir: str | Path, now: float | None = None) -> dict | None:
-    """How long the study took, across the sessions it ran in: per invocation of ``run`` (its start,
+    """How long the study took, across the invocations it took (a run stopped and resumed): per invocation of ``run`` (its start,
     from ``study_invocations.jsonl``) the cells written before the next one started and when the last of
     them was written; their sum of wall time; and the cells' own training seconds summed (parallel
     jobs overlap, so that sum exceeds the wall time). None without an invocation log."""
@@ -526,7 +526,7 @@ def run_study(
 
     from fedweigh.io import atomic_write_text
 
-    log = Path(work_dir) / INVOCATIONS  # the study's time across sessions: one line per invocation
+    log = Path(work_dir) / INVOCATIONS  # the study's time across interruptions: one line per invocation
     before = log.read_text() if log.is_file() else ""
     atomic_write_text(log, before + json.dumps({"started": time.time(), "jobs": jobs}) + "\n", private=False)
     run_bench(plan_config(plan), work_dir, jobs=jobs, progress=progress)
