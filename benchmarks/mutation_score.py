@@ -421,23 +421,8 @@ def slow_check(module: str, tests: list[str], controls: list[str], nice: int) ->
     runs += [(m, "not caught by the fast tests") for m in missed]
     results = []
     for mutant, role in runs:
-        env = run_env()
-        env.update(MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(MUTANTS / "src"))
-        command = [
-            "nice",
-            "-n",
-            str(nice),
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-x",
-            "-p",
-            "no:cacheprovider",
-        ]
         start = time.monotonic()
-        done = subprocess.run(command + tests, cwd=MUTANTS, env=env, capture_output=True, text=True)
-        failed = sorted(set(re.findall(r"^FAILED (\S+)", done.stdout, re.M)))
+        done, failed = _pytest(["-x", *tests], mutant, nice, cwd=MUTANTS)
         results.append(
             {
                 "mutant": mutant or None,
@@ -463,20 +448,23 @@ def slow_check(module: str, tests: list[str], controls: list[str], nice: int) ->
     return payload
 
 
-def _pytest(tests: list[str], mutant: str, nice: int) -> tuple[int, list[str]]:
-    """Run ``tests`` (paths from the project root) with ``mutant`` switched on ("" for none)."""
+def _pytest(
+    args: list[str], mutant: str, nice: int, cwd: Path = ROOT
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run pytest on ``args`` with ``mutant`` switched on ("" for none): the mutated copy first on the
+    path of the tests and of every process they start; (the finished run, the failed tests)."""
     env = run_env()
     env.update(MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(MUTANTS / "src"))
-    command = ["nice", "-n", str(nice), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    command += [t if t.startswith("-") else str(ROOT / t) for t in tests]  # options pass as they are
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    failed = sorted(set(re.findall(r"^FAILED (\S+?)(?: - |$)", done.stdout, re.M)))
-    return done.returncode, failed
+    command = ["nice", "-n", str(nice), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    return done, sorted(set(re.findall(r"^FAILED (\S+)", done.stdout, re.M)))
 
 
 def try_mutants(mutants: list[str], tests: list[str], nice: int) -> dict[str, list[str]]:
     """The tests that fail on each mutant (see the module docstring); verdicts.json records the kills."""
-    code, failed = _pytest(tests, "", nice)
+    paths = [t if t.startswith("-") else str(ROOT / t) for t in tests]  # options pass as they are
+    done, failed = _pytest(paths, "", nice)
+    code = done.returncode
     if code != 0:
         raise SystemExit(
             f"the tests fail with no mutant ({' '.join(failed) or f'exit {code}'}): fix them first"
@@ -484,8 +472,8 @@ def try_mutants(mutants: list[str], tests: list[str], nice: int) -> dict[str, li
     verdicts = _load(VERDICTS, {})
     kills: dict[str, list[str]] = {}
     for mutant in mutants:
-        code, failed = _pytest(tests, mutant, nice)
-        kills[mutant] = failed if code != 0 else []
+        done, failed = _pytest(paths, mutant, nice)
+        kills[mutant] = failed if done.returncode != 0 else []
         print(f"{mutant}: {'killed by ' + ' '.join(failed) if kills[mutant] else 'not killed'}", flush=True)
         known = verdicts.get(mutant)
         if kills[mutant] and known is not None and not known["verdict"].startswith("killed by"):
