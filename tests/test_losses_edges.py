@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from test_losses import mc_ctx, ml_ctx
 from torch import nn
 
 from fedweigh.losses import build_loss
@@ -13,19 +14,6 @@ from fedweigh.losses.base import LossContext
 from fedweigh.losses.class_balanced import ClassBalancedLoss
 from fedweigh.losses.dafl import DAFLLoss
 from fedweigh.losses.focal import FocalLoss
-
-
-def ml_ctx(**kw) -> LossContext:
-    base = dict(task="multilabel", num_classes=3, class_counts=np.array([2, 1, 0]), num_samples=4)
-    base.update(kw)
-    return LossContext(**base)
-
-
-def mc_ctx(**kw) -> LossContext:
-    base = dict(task="multiclass", num_classes=3, class_counts=np.array([3, 1, 0]), num_samples=4)
-    base.update(kw)
-    return LossContext(**base)
-
 
 LOGITS = torch.tensor([[0.5, -1.0, 2.0], [-0.3, 0.8, -1.5], [1.2, 0.1, 0.4]])
 ML_Y = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
