@@ -128,8 +128,12 @@ def test_plan_md_shows_power_json_verbatim():
 # -------------------------------------------------------------------------- analysis, synthetic
 def _synthetic(plan, rng: np.random.Generator) -> pd.DataFrame:
     """Per-round results of the plan's cells: AUC = base(scenario, seed) + effect(method) + noise,
-    scored at rounds 0, 10, 20, 25, 30."""
+    scored at rounds 0, 10, 20, 25, 30; the smallest site's AUC 0.1 lower, 0.02 higher with ``uniform``."""
     offsets = {m: 0.0 for m in plan.methods} | {"feddraw": 0.03, "fedbb-cbr": -0.03}
+    small_site = {m: 0.0 for m in plan.methods} | {"uniform": 0.02}  # equal weights help the small site
+    site_rng = np.random.default_rng(
+        rng.bit_generator.seed_seq.entropy + 1
+    )  # leaves rng's draws as they were
     rows = []
     for sc in plan.scenarios:
         for seed in plan.seeds:
@@ -137,8 +141,12 @@ def _synthetic(plan, rng: np.random.Generator) -> pd.DataFrame:
             for m in plan.methods:
                 for t in (0, 10, 20, 25, 30):
                     auc = 0.5 if t == 0 else base + offsets[m] + rng.normal(0, 0.004)
-                    rows.append((plan.dataset, sc, m, seed, t, auc))
-    return pd.DataFrame(rows, columns=["dataset", "scenario", "method", "seed", "round", "auc"])
+                    # per-hospital outcomes on the final round's row only, as the bench writes them
+                    small = base - 0.1 + small_site[m] + site_rng.normal(0, 0.004) if t == 30 else np.nan
+                    worst = min(small, auc - 0.02) if t == 30 else np.nan
+                    rows.append((plan.dataset, sc, m, seed, t, auc, worst, small))
+    columns = ["dataset", "scenario", "method", "seed", "round", "auc", "worst_site_auc", "smallest_site_auc"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def test_planned_analysis_on_a_synthetic_table_with_known_effects():
@@ -172,6 +180,45 @@ def test_planned_analysis_on_a_synthetic_table_with_known_effects():
     final = results[results["round"] == 30].set_index(["scenario", "method", "seed"])["auc"]
     d = final["noisy-large"]["feddraw"] - final["noisy-large"]["fedavg"]
     assert claims["C1"]["secondary"]["scenarios"]["noisy-large"]["mean"] == pytest.approx(d.mean())
+
+
+def test_per_hospital_outcomes_are_reported_beside_the_claims_against_fedavg():
+    """Reported, not tested: each method's mean endpoints and worst / smallest site AUC, and the paired
+    difference of the site outcomes to FedAvg pooled over scenarios as the claims are."""
+    plan = load_plan(PLAN)
+    results = _synthetic(plan, np.random.default_rng(3))
+    out = analyse(plan, results)["outcomes"]
+    assert out["reference"] == "fedavg" and list(out["methods"]) == list(plan.methods)
+    final = results[results["round"] == 30]
+    for m in ("fedavg", "uniform", "fedbb-cbr"):
+        means = out["methods"][m]["means"]
+        rows = final[final["method"] == m]
+        assert means["smallest_site_auc"] == pytest.approx(rows["smallest_site_auc"].mean(), abs=1e-12)
+        assert means["worst_site_auc"] == pytest.approx(rows["worst_site_auc"].mean(), abs=1e-12)
+        assert means["final"] == pytest.approx(rows["auc"].mean(), abs=1e-12)
+    assert out["methods"]["fedavg"]["vs_reference"] == {}
+    small = out["methods"]["uniform"]["vs_reference"]["smallest_site_auc"]
+    assert small["ci_low"] > 0.01 and small["ci_high"] < 0.03  # the +0.02 built in, and nothing else
+    same = out["methods"]["feddraw-nosim"]["vs_reference"]["smallest_site_auc"]
+    assert abs(same["mean"]) < 0.005  # no built-in difference: noise only
+    # one scenario's paired t interval by hand feeds the pooled estimate
+    by = final.set_index(["scenario", "method", "seed"])["smallest_site_auc"]
+    d = (by["rare-small"]["uniform"] - by["rare-small"]["fedavg"]).to_numpy()
+    pooled_inputs = [(by[sc]["uniform"] - by[sc]["fedavg"]).to_numpy() for sc in plan.scenarios]
+    ref = combine_effects(
+        np.array([x.mean() for x in pooled_inputs]),
+        np.array([stats.sem(x) ** 2 for x in pooled_inputs]),
+        method_re="dl",
+        use_t=False,
+    )
+    fe_or_re = ref.mean_effect_re if ref.tau2 > 0 else ref.mean_effect_fe
+    assert small["mean"] == pytest.approx(fe_or_re, abs=1e-12)
+    assert d.size == len(plan.seeds)
+    table = study_tables(analyse(plan, results))["outcomes"]
+    assert (
+        "| uniform | " in table
+        and f"{small['mean']:+.4f} [{small['ci_low']:+.4f}, {small['ci_high']:+.4f}]" in table
+    )
 
 
 def test_analysis_refuses_results_without_a_planned_method():
@@ -227,7 +274,7 @@ def _assert_study_rebuilds(out: Path, plan) -> None:
     assert _close(json.loads(json.dumps(rebuilt["claims"])), summary["claims"])
     text = (out / "claims.md").read_text()
     assert text == claims_markdown(rebuilt)
-    assert set(study_tables(rebuilt)) == {"claims", *(f"claim:{c}" for c in rebuilt["claims"])}
+    assert set(study_tables(rebuilt)) == {"claims", "outcomes", *(f"claim:{c}" for c in rebuilt["claims"])}
 
 
 def test_every_committed_study_table_rebuilds_from_its_data():
@@ -289,7 +336,7 @@ def test_the_plan_runs_exactly_its_cells_or_names_a_method_not_yet_in_the_catalo
 
 def test_the_studys_time_adds_up_its_invocations(tmp_path):
     """Two invocations (a run that stopped, one that resumed it): each owns the cells written before the
-    next started; the first ends with its last cell, the last with the analysis."""
+    next started and ends with the last of them; one that found nothing left to run adds 0 s."""
     import os
 
     from fedweigh.bench.study import INVOCATIONS, study_time
@@ -298,12 +345,12 @@ def test_the_studys_time_adds_up_its_invocations(tmp_path):
     cells = tmp_path / "cells"
     cells.mkdir()
     (tmp_path / INVOCATIONS).write_text(
-        json.dumps({"started": 1000.0, "jobs": 2}) + "\n" + json.dumps({"started": 5000.0, "jobs": 2}) + "\n"
+        "".join(json.dumps({"started": t, "jobs": 2}) + "\n" for t in (1000.0, 5000.0, 9000.0))
     )
     for name, mtime, seconds in (("a", 1500.0, 400.0), ("b", 2600.0, 900.0), ("c", 5900.0, 800.0)):
         (cells / f"{name}.json").write_text(json.dumps({"seconds": seconds}))
         os.utime(cells / f"{name}.json", (mtime, mtime))
-    t = study_time(tmp_path, now=6000.0)
-    assert [(i["cells"], i["wall_seconds"]) for i in t["invocations"]] == [(2, 1600.0), (1, 1000.0)]
-    assert t["wall_seconds"] == 2600.0 and t["cell_seconds"] == 2100.0 and t["cells"] == 3
+    t = study_time(tmp_path)
+    assert [(i["cells"], i["wall_seconds"]) for i in t["invocations"]] == [(2, 1600.0), (1, 900.0), (0, 0.0)]
+    assert t["wall_seconds"] == 2500.0 and t["cell_seconds"] == 2100.0 and t["cells"] == 3
     assert t["invocations"][1]["started"] == "1970-01-01T01:23:20+00:00"

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedweigh.bench.effects import ENDPOINTS, endpoint_scores, seed_effects
+from fedweigh.bench.effects import ENDPOINTS, REFERENCE_METHOD, endpoint_scores, seed_effects
 from fedweigh.bench.report import markdown_table
 from fedweigh.bench.stats import (
     holm,
@@ -55,6 +55,8 @@ __all__ = [
     "load_plan",
     "main",
     "measured_paired_sd",
+    "outcomes",
+    "outcomes_table",
     "plan_config",
     "power_analysis",
     "power_table",
@@ -357,6 +359,7 @@ def analyse(plan: Plan, results: pd.DataFrame, power: dict | None = None) -> dic
         c["verdict"] = ("better" if pooled["mean"] > 0 else "worse") if significant else "no evidence"
         c["planned_power"] = None if power is None else power["claims"][cid]["power"]
     return {
+        "outcomes": outcomes(plan, results),
         "plan": {
             "dataset": plan.dataset,
             "profile": plan.profile,
@@ -370,6 +373,65 @@ def analyse(plan: Plan, results: pd.DataFrame, power: dict | None = None) -> dic
         },
         "claims": per_claim,
     }
+
+
+#: Per-hospital outcomes of the final model (results.csv columns, on the final round's row).
+SITE_OUTCOMES = ("worst_site_auc", "smallest_site_auc")
+
+
+def outcomes(plan: Plan, results: pd.DataFrame) -> dict:
+    """Reported beside the claims, not tested (no correction, no verdict): per method its mean over the
+    plan's scenarios and seeds of the primary and secondary endpoints and of the per-hospital outcomes
+    (the worst site's and the smallest site's test AUC of the final model); and, for every method but
+    the reference (FedAvg; without it the plan's first method), the paired difference to it of each per-hospital
+    outcome, pooled over scenarios as the claims are (per-scenario paired t over seeds, then
+    DerSimonian-Laird)."""
+    reference = REFERENCE_METHOD if REFERENCE_METHOD in plan.methods else plan.methods[0]
+    keys = ["scenario", "method", "seed"]
+    last = results["round"] == results.groupby(keys)["round"].transform("max")
+    final = results[last].set_index(keys).sort_index()
+    scores = {e: endpoint_scores(results, e) for e in (plan.primary_endpoint, plan.secondary_endpoint)}
+    for col in SITE_OUTCOMES:
+        scores[col] = final[col].astype(np.float64) if col in final else pd.Series(np.nan, index=final.index)
+
+    def mean_of(series: pd.Series, method: str) -> float | None:
+        values = series.xs(method, level="method").to_numpy(dtype=np.float64)
+        values = values[np.isfinite(values)]
+        return float(values.mean()) if values.size else None
+
+    out: dict[str, dict] = {}
+    for m in plan.methods:
+        out[m] = {"means": {name: mean_of(s, m) for name, s in scores.items()}, "vs_reference": {}}
+    for col in SITE_OUTCOMES:
+        effects = seed_effects(scores[col], plan.methods, plan.scenarios, reference)
+        for m, e in effects.items():
+            out[m]["vs_reference"][col] = e["pooled"]
+    return {"reference": reference, "methods": out}
+
+
+def outcomes_table(analysis: dict) -> str:
+    """One row per method: mean primary and final-round AUC, worst-site and smallest-site AUC, and the
+    pooled paired difference of the last two to the reference with its 95% interval over seeds."""
+    o = analysis["outcomes"]
+    rows = []
+    for m, v in o["methods"].items():
+        means = list(v["means"].values())
+        diffs = []
+        for col in SITE_OUTCOMES:
+            e = v["vs_reference"].get(col)
+            diffs.append("-" if e is None else f"{e['mean']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]")
+        rows.append([m, *(_num(x) for x in means), *diffs])
+    ref = o["reference"]
+    header = [
+        "method",
+        "macro AUC (primary)",
+        "macro AUC (final round)",
+        "worst site AUC",
+        "smallest site AUC",
+        f"worst site vs {ref} [95% over seeds]",
+        f"smallest site vs {ref} [95% over seeds]",
+    ]
+    return markdown_table(header, rows)
 
 
 def claims_table(analysis: dict) -> str:
@@ -424,10 +486,13 @@ def scenario_table(analysis: dict, claim: str) -> str:
 
 
 def study_tables(analysis: dict) -> dict[str, str]:
-    """Every table of the study by name: ``claims`` and ``claim:ID`` (per scenario)."""
-    return {"claims": claims_table(analysis)} | {
-        f"claim:{cid}": scenario_table(analysis, cid) for cid in analysis["claims"]
-    }
+    """Every table of the study by name: ``claims``, ``claim:ID`` (per scenario) and ``outcomes``
+    (per method, not tested)."""
+    return (
+        {"claims": claims_table(analysis)}
+        | {f"claim:{cid}": scenario_table(analysis, cid) for cid in analysis["claims"]}
+        | {"outcomes": outcomes_table(analysis)}
+    )
 
 
 def folder_tables(folder: str | Path) -> dict[str, str]:
@@ -473,13 +538,13 @@ def write_analysis(plan: Plan, run_dir: str | Path, out_dir: str | Path, power: 
 INVOCATIONS = "study_invocations.jsonl"
 
 
-def study_time(work_dir: str | Path, now: float | None = None) -> dict | None:
-    """How long the study took, across the invocations it took (a run stopped and resumed): per invocation of ``run`` (its start,
-    from ``study_invocations.jsonl``) the cells written before the next one started and when the last of
-    them was written; their sum of wall time; and the cells' own training seconds summed (parallel
+def study_time(work_dir: str | Path) -> dict | None:
+    """How long the study took, across the invocations it took (a run stopped and resumed): per
+    invocation of ``run`` (its start, from ``study_invocations.jsonl``) the cells written before the next
+    one started, and its wall time up to the last of them (an invocation that wrote none counts 0 s, so
+    a rerun that finds every cell cached adds nothing); their sum; and the cells' own training seconds summed (parallel
     jobs overlap, so that sum exceeds the wall time). None without an invocation log."""
     import datetime as dt
-    import time
 
     work_dir = Path(work_dir)
     log = work_dir / INVOCATIONS
@@ -490,19 +555,15 @@ def study_time(work_dir: str | Path, now: float | None = None) -> dict | None:
         (f.stat().st_mtime, float(json.loads(f.read_text()).get("seconds") or 0.0))
         for f in sorted((work_dir / "cells").glob("*.json"))
     ]
-    now = time.time() if now is None else now
     invocations = []
     for i, start in enumerate(starts):
-        end_limit = starts[i + 1] if i + 1 < len(starts) else now
+        end_limit = starts[i + 1] if i + 1 < len(starts) else math.inf
         written = [m for m, _ in cells if start <= m < end_limit]
-        end = max(written) if written else start
-        if i + 1 == len(starts):
-            end = now  # the last one ends with this analysis
         invocations.append(
             {
                 "started": dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat(timespec="seconds"),
                 "cells": len(written),
-                "wall_seconds": round(end - start, 1),
+                "wall_seconds": round(max(written) - start if written else 0.0, 1),
             }
         )
     return {
