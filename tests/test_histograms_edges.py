@@ -142,9 +142,38 @@ def test_statistics_vector_check_bounds_on_both_sides():
         ([5, 0, 4, 0], "site-1: statistics vector has negative counts or counts above N_k"),
         ([-1, 0, 4, 0], "site-1: statistics vector has negative counts or counts above N_k"),
         ([1, 0, -4, 0], "site-1: statistics vector has negative counts or counts above N_k"),
+        (
+            ["3", 0, 4, 0],
+            "site-1: statistics vector is not numeric",
+        ),  # NumPy would parse it; a site sends numbers
+        ([True, 0, 4, 0], "site-1: statistics vector is not numeric"),
+        ({"a": 1}, "site-1: statistics vector is not numeric"),
+        (None, "site-1: statistics vector is not numeric"),
     ):
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             check_statistics_vector("site-1", vector, 4)
+    assert check_statistics_vector("site-1", np.array([1, 2, 4, 0]), 4).tolist() == [1.0, 2.0, 4.0, 0.0]
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+@pytest.mark.parametrize("value", [-1.0, 6.0])
+def test_every_class_count_is_checked_on_both_sides(position, value):
+    """Three classes, N_k = 5: a count below 0 or above N_k is refused wherever it stands."""
+    vector = [1.0, 2.0, 3.0, 5.0, 0.5]
+    vector[position] = value
+    with pytest.raises(
+        ValueError, match="^site-2: statistics vector has negative counts or counts above N_k$"
+    ):
+        check_statistics_vector("site-2", vector, 5)
+    vector[position] = 5.0  # equal to N_k: valid
+    assert check_statistics_vector("site-2", vector, 5)[position] == 5.0
+
+
+def test_a_contribution_without_a_vector_is_refused_naming_the_site():
+    with pytest.raises(ValueError, match="^site-3: statistics vector must be 4 finite numbers$"):
+        PlainExchange().check("site-3", {}, 4)
+    with pytest.raises(ValueError, match="^site-3: statistics vector has negative counts"):
+        PlainExchange().check("site-3", PlainExchange().encode(np.array([-1.0, 0.0, 4.0, 0.0])), 4)
 
 
 def test_a_site_decodes_a_sum_only_with_its_quorum():

@@ -163,15 +163,26 @@ def global_stats_of(histograms: Iterable[tuple[np.ndarray, int]]) -> GlobalStats
     return decode_sum(np.sum(vectors, axis=0))
 
 
+def _is_number_list(vector: object) -> bool:
+    """A list, tuple or array of real numbers: what a site's encoding sends (a string such as "3" that
+    NumPy would parse, or a boolean, is not a count)."""
+    if isinstance(vector, np.ndarray):
+        return vector.dtype.kind in "iuf"
+    return isinstance(vector, (list, tuple)) and all(
+        isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+        for x in vector
+    )
+
+
 def check_statistics_vector(site: str, vector: object, length: int) -> np.ndarray:
-    """A plaintext v_k: ``length`` finite numbers, non-negative counts, no class count above N_k.
+    """A plaintext v_k: a list of ``length`` finite numbers (not strings, not booleans), non-negative
+    counts, no class count above N_k.
 
     Raises ValueError naming ``site`` otherwise.
     """
-    try:
-        vec = np.asarray(vector, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{site}: statistics vector is not numeric") from None
+    if not _is_number_list(vector):
+        raise ValueError(f"{site}: statistics vector is not numeric")
+    vec = np.asarray(vector, dtype=np.float64)
     if vec.shape != (length,) or not np.isfinite(vec).all():
         raise ValueError(f"{site}: statistics vector must be {length} finite numbers")
     if np.any(vec[:-1] < 0) or np.any(vec[:-2] > vec[-2]):

@@ -1,0 +1,60 @@
+"""Edges of the privacy bookkeeping: what a site's DP-SGD account file says when it cannot be used, its
+layout, and the released histogram's integer counts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedweigh.secure.accountant import AccountantState, load_accountant_state, save_accountant_state
+from fedweigh.secure.dp_config import DPConfig
+from fedweigh.secure.gaussian import HistogramRelease
+
+CONFIG = DPConfig(epsilon=3.0, delta=1e-6, accountant="prv")
+
+
+def test_an_unreadable_account_is_refused_naming_the_site_and_the_file(tmp_path):
+    path = tmp_path / "account.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=r"^site-a: cannot read the DP-SGD accountant .*account\.json: "):
+        load_accountant_state(path, CONFIG, "site-a")
+    with pytest.raises(ValueError, match=r"^site-a: cannot read .*missing\.json"):
+        load_accountant_state(tmp_path / "missing.json", CONFIG, "site-a")
+
+
+def test_an_account_of_another_format_says_which_format_it_holds(tmp_path):
+    path = tmp_path / "account.json"
+    save_accountant_state(path, CONFIG, "site-a", AccountantState())
+    raw = json.loads(path.read_text())
+    raw["format"] = 7
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"holds a 'prv' accountant \(format 7\), the job uses 'prv'"):
+        load_accountant_state(path, CONFIG, "site-a")
+
+
+def test_the_account_file_is_indented_json_a_site_can_read(tmp_path):
+    """One space per level, as the job's other state files: the site's IT reads its epsilon by eye."""
+    path = tmp_path / "account.json"
+    save_accountant_state(path, CONFIG, "site-a", AccountantState(history=[(1.1, 0.02, 4)]))
+    text = path.read_text()
+    assert text.startswith('{\n "format": 1,\n "site": "site-a",')
+    assert '\n "history": [\n  [\n   1.1,' in text
+
+
+def test_a_release_read_from_json_holds_integer_counts_whatever_the_json_wrote():
+    release = HistogramRelease.from_dict(
+        {
+            "class_counts": [3.0, 0.0, 12.0],
+            "num_samples": 15,
+            "epsilon": 1.0,
+            "delta": 1e-5,
+            "sigma": 2.0,
+            "sensitivity": 2.0,
+            "mechanism": "analytic-gaussian",
+            "task": "multilabel",
+        }
+    )
+    assert release.class_counts.dtype == np.int64
+    assert release.class_counts.tolist() == [3, 0, 12]
