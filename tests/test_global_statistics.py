@@ -42,7 +42,7 @@ def test_global_stats_round_trip_through_their_file(tmp_path, monkeypatch):
         ('{"class_counts": [1], "num_samples": 3}', "global statistics lack client_level_parameter"),
         (
             '{"class_counts": [1, -2], "num_samples": 3, "client_level_parameter": 0.5}',
-            r"class_counts must be a non-empty list of integers >= 0, got \[1, -2\]",
+            r"class_counts must be a non-empty list of integers in \[0, 2\^63\), got \[1, -2\]",
         ),
         (
             '{"class_counts": [1], "num_samples": 0, "client_level_parameter": 0.5}',

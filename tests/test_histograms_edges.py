@@ -35,19 +35,23 @@ def test_from_dict_bounds_on_both_sides():
         ({"num_samples": 4}, "f.json: global statistics lack class_counts, client_level_parameter"),
         (
             {**GOOD, "class_counts": []},
-            "f.json: class_counts must be a non-empty list of integers >= 0, got []",
+            "f.json: class_counts must be a non-empty list of integers in [0, 2^63), got []",
         ),
         (
             {**GOOD, "class_counts": [1, -1]},
-            "f.json: class_counts must be a non-empty list of integers >= 0, got [1, -1]",
+            "f.json: class_counts must be a non-empty list of integers in [0, 2^63), got [1, -1]",
         ),
         (
             {**GOOD, "class_counts": [1, True]},
-            "f.json: class_counts must be a non-empty list of integers >= 0, got [1, True]",
+            "f.json: class_counts must be a non-empty list of integers in [0, 2^63), got [1, True]",
         ),
         (
             {**GOOD, "class_counts": [1.0]},
-            "f.json: class_counts must be a non-empty list of integers >= 0, got [1.0]",
+            "f.json: class_counts must be a non-empty list of integers in [0, 2^63), got [1.0]",
+        ),
+        (  # beyond int64: refused, not an overflow or an array of Python objects
+            {**GOOD, "class_counts": [1, 2**63]},
+            f"f.json: class_counts must be a non-empty list of integers in [0, 2^63), got [1, {2**63}]",
         ),
         ({**GOOD, "num_samples": 0}, "f.json: num_samples must be an integer >= 1, got 0"),
         ({**GOOD, "num_samples": True}, "f.json: num_samples must be an integer >= 1, got True"),

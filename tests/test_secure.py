@@ -98,7 +98,7 @@ def test_count_slot_detects_wrong_number_of_contributions(server_ctx, client_ctx
     with pytest.raises(ValueError, match="forged count slot"):  # in range: the keys match
         decrypt_vector(client_ctx, total, 2, num_contributions=3)
     with pytest.raises(ValueError, match="expected 7 for length 3"):
-        decrypt_vector(client_ctx, total, 3)
+        decrypt_vector(client_ctx, total, 3, num_contributions=2)
 
 
 def test_contributions_under_another_key_are_detected(server_ctx, client_ctx):
@@ -138,7 +138,7 @@ def test_context_files_have_hebuilder_names_and_roles(key_dir, server_ctx, clien
 def test_server_cannot_decrypt_or_encrypt(server_ctx, client_ctx):
     data = encrypt_vector(client_ctx, [42.0])
     with pytest.raises(ValueError, match="secret key"):
-        decrypt_vector(server_ctx, data, 1)
+        decrypt_vector(server_ctx, data, 1, num_contributions=1)
     with pytest.raises(ValueError, match="secret key"):
         encrypt_vector(server_ctx, [1.0])
 

@@ -86,9 +86,13 @@ class GlobalStats:
         if missing:
             raise ValueError(f"{source}: global statistics lack {', '.join(missing)}")
         counts, n, c_client = data["class_counts"], data["num_samples"], data["client_level_parameter"]
-        if not isinstance(counts, list) or not counts or not all(_is_int(x) and x >= 0 for x in counts):
+        if (
+            not isinstance(counts, list)
+            or not counts
+            or not all(_is_int(x) and 0 <= x < 2**63 for x in counts)
+        ):
             raise ValueError(
-                f"{source}: class_counts must be a non-empty list of integers >= 0, got {counts!r}"
+                f"{source}: class_counts must be a non-empty list of integers in [0, 2^63), got {counts!r}"
             )
         if not _is_int(n) or n < 1:
             raise ValueError(f"{source}: num_samples must be an integer >= 1, got {n!r}")

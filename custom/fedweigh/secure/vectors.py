@@ -145,15 +145,16 @@ def decrypt_vector(
     secret_ctx: ts.Context,
     data: bytes,
     length: int,
-    num_contributions: int | None = None,
+    num_contributions: int,
     precision_bits: int | None = None,
 ) -> np.ndarray:
     """Decrypt a (summed) ciphertext back into the length-``length`` vector sum_k v_k.
 
     hi sums are rounded to integers, lo sums to the federation's precision 2^-b
     (:func:`fedweigh.secure.precision.round_decrypted`; ``precision_bits`` None: the default for the
-    context's scale). The count slot must equal
-    ``num_contributions`` (or, if None, a positive integer); otherwise the sites did not share one key.
+    context's scale). The count slot must equal ``num_contributions`` (the server's announced count, or 1
+    for a site's own round trip); otherwise a site forged its count slot or the sites did not share
+    one key.
     """
     import tenseal as ts
 
@@ -169,8 +170,6 @@ def decrypt_vector(
     slots = np.asarray(enc.decrypt(), dtype=np.float64)
     count = slots[-1]
     expected = num_contributions
-    if expected is None:
-        expected = max(1, int(round(count))) if math.isfinite(count) else 1
     if not math.isfinite(count) or abs(count - expected) > COUNT_TOLERANCE:
         if np.isfinite(slots).all() and float(np.abs(slots).max()) < MAX_ABS_VALUE:
             # every slot within the encoding's range (valid slots stay below 2^30 per contribution; another

@@ -1,0 +1,63 @@
+"""Edges of the CKKS statistics vectors: each refusal says exactly what is wrong, and the size limit
+binds at 2^50 itself."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from test_secure import client_ctx, key_dir, server_ctx  # noqa: F401  (module fixtures)
+
+from fedweigh.secure.contexts import make_context
+from fedweigh.secure.vectors import MAX_ABS_VALUE, decrypt_vector, encrypt_vector, sum_encrypted
+
+
+def _exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+def test_encrypt_refusals_say_what_is_wrong(client_ctx, server_ctx):  # noqa: F811
+    with pytest.raises(ValueError, match=_exactly("cannot encrypt a vector with NaN or infinite entries")):
+        encrypt_vector(client_ctx, [1.0, float("inf")])
+    with pytest.raises(ValueError, match=_exactly("encrypting needs the client context (with secret key)")):
+        encrypt_vector(server_ctx, [1.0])
+    with pytest.raises(ValueError, match=_exactly("no ciphertexts to sum")):
+        sum_encrypted(server_ctx, [])
+
+
+def test_the_size_limit_binds_at_two_to_the_fifty(client_ctx):  # noqa: F811
+    with pytest.raises(ValueError, match=r"^entry 1\.13e\+15 is too large for an exact CKKS sum"):
+        encrypt_vector(client_ctx, [1.0, -MAX_ABS_VALUE])
+    below = float(np.nextafter(MAX_ABS_VALUE, 0.0))
+    assert len(encrypt_vector(client_ctx, [1.0, -below])) > 0
+
+
+def test_decrypt_refusals_say_what_is_wrong(client_ctx, server_ctx):  # noqa: F811
+    data = encrypt_vector(client_ctx, [2.0])
+    with pytest.raises(ValueError, match=_exactly("decrypting needs the client context (with secret key)")):
+        decrypt_vector(server_ctx, data, 1, num_contributions=1)
+    with pytest.raises(ValueError, match=r"^not a CKKS ciphertext for this context \(.+\)$"):
+        decrypt_vector(client_ctx, b"not a ciphertext", 1, num_contributions=1)
+
+
+def test_a_forged_or_foreign_count_says_which_and_why(client_ctx, server_ctx):  # noqa: F811
+    total = sum_encrypted(server_ctx, [encrypt_vector(client_ctx, [1.0, 2.0])] * 2)
+    with pytest.raises(ValueError) as forged:
+        decrypt_vector(client_ctx, total, 2, num_contributions=3)
+    assert re.fullmatch(
+        r"forged count slot: the encrypted sum's count slot decrypts to 2, the server summed 3 contribution\(s\), "
+        r"and the other slots decrypt within range \(the keys match\): a site sent a contribution whose count "
+        r"slot is not 1 \(or the server announced a wrong count\)",
+        str(forged.value),
+    )
+    stranger = make_context()
+    mixed = sum_encrypted(server_ctx, [encrypt_vector(client_ctx, [5.0]), encrypt_vector(stranger, [7.0])])
+    with pytest.raises(ValueError) as foreign:
+        decrypt_vector(client_ctx, mixed, 1, num_contributions=2)
+    assert re.fullmatch(
+        r"the encrypted sum does not decrypt consistently \(count slot .+, expected 2\): the contributions were "
+        r"encrypted with different keys \(startup kits from different provisionings, or simulation keys mixed "
+        r"with kit keys\) or were corrupted",
+        str(foreign.value),
+    )
