@@ -4,6 +4,7 @@ layout, and the released histogram's integer counts."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -58,3 +59,42 @@ def test_a_release_read_from_json_holds_integer_counts_whatever_the_json_wrote()
     )
     assert release.class_counts.dtype == np.int64
     assert release.class_counts.tolist() == [3, 0, 12]
+
+
+def test_a_relaunched_site_says_it_reuses_its_release_naming_site_and_job(tmp_path, caplog):
+    from fedweigh.secure.dp_config import StatsDPConfig
+    from fedweigh.secure.stats_release import HistogramReleaser
+
+    config = StatsDPConfig(epsilon=1.0, delta=1e-5)
+    counts = np.array([3, 0, 5])
+    first = HistogramReleaser(config, "site-a", "job-7", folder=tmp_path).release(counts, 8, "multilabel")
+    with caplog.at_level("INFO", logger="fedweigh.secure.stats_release"):
+        again = HistogramReleaser(config, "site-a", "job-7", folder=tmp_path).release(counts, 8, "multilabel")
+    assert again.class_counts.tolist() == first.class_counts.tolist()
+    assert "site-a: reusing the label statistics released earlier in job job-7" in caplog.messages
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta", "counts", "asks"),
+    [
+        (2.0, 1e-5, [3, 0, 5], "(epsilon=2.0, delta=1e-05, 3 classes)"),
+        (1.0, 1e-6, [3, 0, 5], "(epsilon=1.0, delta=1e-06, 3 classes)"),
+        (1.0, 1e-5, [3, 0, 5, 1], "(epsilon=1.0, delta=1e-05, 4 classes)"),
+    ],
+)
+def test_a_kept_release_is_refused_when_any_one_setting_changed(tmp_path, epsilon, delta, counts, asks):
+    """epsilon, delta and the number of classes are each checked on their own: one change is enough."""
+    from fedweigh.secure.dp_config import StatsDPConfig
+    from fedweigh.secure.stats_release import HistogramReleaser
+
+    kept = StatsDPConfig(epsilon=1.0, delta=1e-5)
+    HistogramReleaser(kept, "site-a", "job-7", folder=tmp_path).release(np.array([3, 0, 5]), 8, "multilabel")
+    relaunched = HistogramReleaser(
+        StatsDPConfig(epsilon=epsilon, delta=delta), "site-a", "job-7", folder=tmp_path
+    )
+    message = (
+        "site-a: the statistics released earlier in job job-7 used (epsilon=1.0, delta=1e-05, 3 classes), "
+        f"the job now asks for {asks}"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        relaunched.release(np.array(counts), 9, "multilabel")
