@@ -98,3 +98,27 @@ def test_a_kept_release_is_refused_when_any_one_setting_changed(tmp_path, epsilo
     )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         relaunched.release(np.array(counts), 9, "multilabel")
+
+
+def test_a_first_release_uses_the_generator_given_logs_its_mechanism_and_keeps_an_indented_file(
+    tmp_path, caplog
+):
+    from fedweigh.secure.dp_config import StatsDPConfig
+    from fedweigh.secure.stats_release import HistogramReleaser
+
+    config = StatsDPConfig(epsilon=1.0, delta=1e-5)
+    counts = np.array([30, 0, 50, 7])
+    draws = []
+    for job in ("job-1", "job-2"):  # two jobs, one seed: the same draw (OS randomness would differ)
+        releaser = HistogramReleaser(config, "site-a", job, folder=tmp_path)
+        with caplog.at_level("INFO", logger="fedweigh.secure.stats_release"):
+            draws.append(releaser.release(counts, 90, "multilabel", rng=np.random.default_rng(11)))
+    assert draws[0].class_counts.tolist() == draws[1].class_counts.tolist()
+    assert draws[0].num_samples == draws[1].num_samples
+    drawn = releaser.drawn
+    assert (
+        f"site-a: label statistics noised (Gaussian, sigma={drawn.sigma:.3f}, "
+        f"sensitivity={drawn.sensitivity:.3f}, epsilon=1, delta=1e-05)"
+    ) in caplog.messages
+    text = releaser.path.read_text()  # one space per level, as the site's other state files
+    assert text.startswith('{\n "num_samples": ') and '\n "class_counts": [\n  ' in text
