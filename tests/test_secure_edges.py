@@ -122,3 +122,25 @@ def test_a_first_release_uses_the_generator_given_logs_its_mechanism_and_keeps_a
     ) in caplog.messages
     text = releaser.path.read_text()  # one space per level, as the site's other state files
     assert text.startswith('{\n "num_samples": ') and '\n "class_counts": [\n  ' in text
+
+
+def test_the_site_policy_is_asked_before_the_draw_and_told_what_it_spent(tmp_path):
+    from fedweigh.secure.dp_config import StatsDPConfig
+    from fedweigh.secure.stats_release import HistogramReleaser
+
+    calls = []
+
+    class Guard:  # the part of fedweigh.site.policy.PrivacyGuard the releaser uses
+        def check(self, *args, **kwargs):
+            calls.append(("check", args, kwargs))
+
+        def record(self, *args, **kwargs):
+            calls.append(("record", args, kwargs))
+
+    config = StatsDPConfig(epsilon=0.5, delta=1e-6)
+    releaser = HistogramReleaser(config, "site-a", "job-7", folder=tmp_path, guard=Guard())
+    releaser.release(np.array([3, 0, 5]), 8, "multilabel", rng=np.random.default_rng(0))
+    assert calls == [
+        ("check", ("statistics", 0.5), {"delta": 1e-6, "num_samples": 8}),
+        ("record", ("statistics", 0.5, 1e-6), {}),
+    ]
