@@ -198,3 +198,12 @@ def test_a_site_decodes_a_sum_only_with_its_quorum():
             match=f"^statistics: the server's sum lacks a valid {META_NUM_CONTRIBUTIONS}, got {re.escape(repr(bad))}$",
         ):
             PlainExchange(min_contributions=1).decode({**payload, META_NUM_CONTRIBUTIONS: bad})
+
+
+def test_a_sum_of_one_image_decodes():
+    """N = 1 is the smallest valid federation total: every count in 0..1."""
+    stats = decode_sum(np.array([1.0, 0.0, 1.0, 3.0]))
+    assert stats.num_samples == 1 and stats.class_counts.tolist() == [1, 0]
+    assert stats.client_level_parameter == 3.0
+    with pytest.raises(ValueError, match=r"N=0, counts=\[0, 0\]"):
+        decode_sum(np.array([0.0, 0.0, 0.0, 0.0]))

@@ -144,3 +144,26 @@ def test_the_site_policy_is_asked_before_the_draw_and_told_what_it_spent(tmp_pat
         ("check", ("statistics", 0.5), {"delta": 1e-6, "num_samples": 8}),
         ("record", ("statistics", 0.5, 1e-6), {}),
     ]
+
+
+def test_epsilon_for_silences_only_opacus_largest_alpha_warning(monkeypatch):
+    import warnings
+
+    import fedweigh.secure.accountant as accountant
+
+    class Accountant:
+        history: list = []
+
+        def get_epsilon(self, delta):
+            warnings.warn(
+                "Optimal order is the largest alpha. Please consider expanding the range of alphas",
+                stacklevel=2,
+            )
+            warnings.warn("an unrelated problem worth seeing", stacklevel=2)
+            return 1.5
+
+    monkeypatch.setattr(accountant, "make_accountant", lambda name: Accountant())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert accountant.epsilon_for([(1.0, 0.1, 3)], 1e-5) == 1.5
+    assert [str(w.message) for w in seen] == ["an unrelated problem worth seeing"]

@@ -61,3 +61,59 @@ def test_a_forged_or_foreign_count_says_which_and_why(client_ctx, server_ctx):  
         r"with kit keys\) or were corrupted",
         str(foreign.value),
     )
+
+
+def test_a_ciphertext_that_is_not_a_fresh_encryption_is_refused_saying_how():
+    import tenseal as ts
+
+    from fedweigh.secure.vectors import check_fresh_ciphertext
+
+    ctx = make_context()
+    fresh = ts.ckks_vector(ctx, [1.0, 2.0])
+    check_fresh_ciphertext(ctx, fresh, "site-9")  # a site's encryption passes
+    cases = [
+        (
+            ts.ckks_vector(ctx, [1.0], scale=2**30),
+            "site-9: a ciphertext is at CKKS scale 2^30.00, the context's scale is 2^40.00",
+        ),
+        (
+            fresh * 2.0,
+            "site-9: a ciphertext is at another CKKS level (1 primes left) than a fresh encryption under this context",
+        ),
+    ]
+    ctx.auto_relin = False  # a product left unrelinearised: three polynomials
+    cases.append((fresh * fresh, "site-9: a ciphertext has 3 polynomials, a fresh encryption has 2"))
+    for vec, message in cases:
+        with pytest.raises(ValueError, match=_exactly(message)):
+            check_fresh_ciphertext(ctx, vec, "site-9")
+
+
+def test_a_transparent_ciphertext_is_refused():
+    """SEAL refuses to produce one in an evaluation, so a stand-in with a fresh one's other properties."""
+    import tenseal as ts
+
+    from fedweigh.secure.vectors import check_fresh_ciphertext
+
+    ctx = make_context()
+    real = ts.ckks_vector(ctx, [1.0]).ciphertext()[0]
+
+    class Transparent:
+        scale = real.scale
+
+        def size(self):
+            return 2
+
+        def parms_id(self):
+            return real.parms_id()
+
+        def is_transparent(self):
+            return True
+
+    class Vector:
+        def ciphertext(self):
+            return [Transparent()]
+
+    with pytest.raises(
+        ValueError, match=_exactly("site-9: a ciphertext is transparent (it encrypts nothing)")
+    ):
+        check_fresh_ciphertext(ctx, Vector(), "site-9")
