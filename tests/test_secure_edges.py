@@ -167,3 +167,13 @@ def test_epsilon_for_silences_only_opacus_largest_alpha_warning(monkeypatch):
         warnings.simplefilter("always")
         assert accountant.epsilon_for([(1.0, 0.1, 3)], 1e-5) == 1.5
     assert [str(w.message) for w in seen] == ["an unrelated problem worth seeing"]
+
+
+def test_the_release_file_lives_in_the_working_folder_by_default():
+    from pathlib import Path
+
+    from fedweigh.secure.dp_config import StatsDPConfig
+    from fedweigh.secure.stats_release import HistogramReleaser
+
+    releaser = HistogramReleaser(StatsDPConfig(epsilon=1.0, delta=1e-5), "site-a", "job-7")
+    assert releaser.path == Path(".") / "fedweigh_stats_dp_job-7_site-a.json"
