@@ -387,9 +387,21 @@ def test_global_statistics_from_json_accept_the_smallest_valid_values():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("class_counts", (1, 2), "class_counts must be a non-empty list of integers in [0, 2^63), got (1, 2)"),
-        ("class_counts", [1.0, 2], "class_counts must be a non-empty list of integers in [0, 2^63), got [1.0, 2]"),
-        ("class_counts", [True, 2], "class_counts must be a non-empty list of integers in [0, 2^63), got [True, 2]"),
+        (
+            "class_counts",
+            (1, 2),
+            "class_counts must be a non-empty list of integers in [0, 2^63), got (1, 2)",
+        ),
+        (
+            "class_counts",
+            [1.0, 2],
+            "class_counts must be a non-empty list of integers in [0, 2^63), got [1.0, 2]",
+        ),
+        (
+            "class_counts",
+            [True, 2],
+            "class_counts must be a non-empty list of integers in [0, 2^63), got [True, 2]",
+        ),
         ("num_samples", 4.0, "num_samples must be an integer >= 1, got 4.0"),
         ("num_samples", True, "num_samples must be an integer >= 1, got True"),
         ("num_samples", 0, "num_samples must be an integer >= 1, got 0"),
