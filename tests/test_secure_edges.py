@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedweigh.secure.accountant import AccountantState, load_accountant_state, save_accountant_state
-from fedweigh.secure.dp_config import DPConfig
+from fedweigh.secure.dp_config import DPConfig, StatsDPConfig
 from fedweigh.secure.gaussian import HistogramRelease
+from fedweigh.secure.stats_release import HistogramReleaser
 
 CONFIG = DPConfig(epsilon=3.0, delta=1e-6, accountant="prv")
 
@@ -62,8 +64,6 @@ def test_a_release_read_from_json_holds_integer_counts_whatever_the_json_wrote()
 
 
 def test_a_relaunched_site_says_it_reuses_its_release_naming_site_and_job(tmp_path, caplog):
-    from fedweigh.secure.dp_config import StatsDPConfig
-    from fedweigh.secure.stats_release import HistogramReleaser
 
     config = StatsDPConfig(epsilon=1.0, delta=1e-5)
     counts = np.array([3, 0, 5])
@@ -84,8 +84,6 @@ def test_a_relaunched_site_says_it_reuses_its_release_naming_site_and_job(tmp_pa
 )
 def test_a_kept_release_is_refused_when_any_one_setting_changed(tmp_path, epsilon, delta, counts, asks):
     """epsilon, delta and the number of classes are each checked on their own: one change is enough."""
-    from fedweigh.secure.dp_config import StatsDPConfig
-    from fedweigh.secure.stats_release import HistogramReleaser
 
     kept = StatsDPConfig(epsilon=1.0, delta=1e-5)
     HistogramReleaser(kept, "site-a", "job-7", folder=tmp_path).release(np.array([3, 0, 5]), 8, "multilabel")
@@ -103,8 +101,6 @@ def test_a_kept_release_is_refused_when_any_one_setting_changed(tmp_path, epsilo
 def test_a_first_release_uses_the_generator_given_logs_its_mechanism_and_keeps_an_indented_file(
     tmp_path, caplog
 ):
-    from fedweigh.secure.dp_config import StatsDPConfig
-    from fedweigh.secure.stats_release import HistogramReleaser
 
     config = StatsDPConfig(epsilon=1.0, delta=1e-5)
     counts = np.array([30, 0, 50, 7])
@@ -125,8 +121,6 @@ def test_a_first_release_uses_the_generator_given_logs_its_mechanism_and_keeps_a
 
 
 def test_the_site_policy_is_asked_before_the_draw_and_told_what_it_spent(tmp_path):
-    from fedweigh.secure.dp_config import StatsDPConfig
-    from fedweigh.secure.stats_release import HistogramReleaser
 
     calls = []
 
@@ -170,10 +164,6 @@ def test_epsilon_for_silences_only_opacus_largest_alpha_warning(monkeypatch):
 
 
 def test_the_release_file_lives_in_the_working_folder_by_default():
-    from pathlib import Path
-
-    from fedweigh.secure.dp_config import StatsDPConfig
-    from fedweigh.secure.stats_release import HistogramReleaser
 
     releaser = HistogramReleaser(StatsDPConfig(epsilon=1.0, delta=1e-5), "site-a", "job-7")
     assert releaser.path == Path(".") / "fedweigh_stats_dp_job-7_site-a.json"

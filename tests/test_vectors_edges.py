@@ -43,24 +43,22 @@ def test_decrypt_refusals_say_what_is_wrong(client_ctx, server_ctx):  # noqa: F8
 
 def test_a_forged_or_foreign_count_says_which_and_why(client_ctx, server_ctx):  # noqa: F811
     total = sum_encrypted(server_ctx, [encrypt_vector(client_ctx, [1.0, 2.0])] * 2)
-    with pytest.raises(ValueError) as forged:
-        decrypt_vector(client_ctx, total, 2, num_contributions=3)
-    assert re.fullmatch(
-        r"forged count slot: the encrypted sum's count slot decrypts to 2, the server summed 3 contribution\(s\), "
+    forged = (
+        r"^forged count slot: the encrypted sum's count slot decrypts to 2, the server summed 3 contribution\(s\), "
         r"and the other slots decrypt within range \(the keys match\): a site sent a contribution whose count "
-        r"slot is not 1 \(or the server announced a wrong count\)",
-        str(forged.value),
+        r"slot is not 1 \(or the server announced a wrong count\)$"
     )
+    with pytest.raises(ValueError, match=forged):
+        decrypt_vector(client_ctx, total, 2, num_contributions=3)
     stranger = make_context()
     mixed = sum_encrypted(server_ctx, [encrypt_vector(client_ctx, [5.0]), encrypt_vector(stranger, [7.0])])
-    with pytest.raises(ValueError) as foreign:
-        decrypt_vector(client_ctx, mixed, 1, num_contributions=2)
-    assert re.fullmatch(
-        r"the encrypted sum does not decrypt consistently \(count slot .+, expected 2\): the contributions were "
+    foreign = (
+        r"^the encrypted sum does not decrypt consistently \(count slot .+, expected 2\): the contributions were "
         r"encrypted with different keys \(startup kits from different provisionings, or simulation keys mixed "
-        r"with kit keys\) or were corrupted",
-        str(foreign.value),
+        r"with kit keys\) or were corrupted$"
     )
+    with pytest.raises(ValueError, match=foreign):
+        decrypt_vector(client_ctx, mixed, 1, num_contributions=2)
 
 
 def test_a_ciphertext_that_is_not_a_fresh_encryption_is_refused_saying_how():
