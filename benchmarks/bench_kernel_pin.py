@@ -5,8 +5,10 @@ profile's compact DenseNet, 2 rounds, one thread) in fresh processes, alternatel
 (:mod:`fedweigh.kernels`: AVX2 for ATen and oneDNN) and native (``FEDWEIGH_CPU_KERNELS=native``: the
 machine's widest kernels), and reports whether the per-round losses and AUCs are bit-identical
 between the two, their largest difference, and the ratio of the cells' median times
-(pinned / native). ``--fingerprint PATH`` writes the pinned cell's per-round figures, which
-tests/test_kernel_pin.py compares bit for bit.
+(pinned / native). ``--fingerprint PATH`` records the pinned cell's per-round figures for this
+machine's processor (:func:`fedweigh.kernels.cpu_identity`) in that file, next to those of the other
+processors recorded there; tests/test_kernel_pin.py compares a fresh run with its processor's entry
+bit for bit, and with every other entry within a stated tolerance.
 
     .venv/bin/python benchmarks/bench_kernel_pin.py [--repeats 2] \
         [--json docs/results/engine/kernel-pin.json] [--fingerprint docs/results/engine/fingerprint.json]
@@ -30,7 +32,7 @@ CELL = {"scenario": "iid-4", "method": "fedavg", "seed": 0, "sites": ["site-1", 
 def run_cell_here() -> dict:
     """The fingerprint cell in this process: per-round figures (exact, as float.hex), the time it
     took to train, and the kernel state it ran with."""
-    from fedweigh.kernels import kernel_state, pin_cpu_kernels
+    from fedweigh.kernels import cpu_identity, kernel_state, pin_cpu_kernels
 
     pin_cpu_kernels(threads=1)
     import torch
@@ -59,7 +61,22 @@ def run_cell_here() -> dict:
         "scores_sum": float(scores.astype("float64").sum()).hex(),
         "seconds": seconds,
         "kernels": kernel_state(),
+        "machine": cpu_identity(),
     }
+
+
+def record_fingerprint(path: Path, cell: dict, made: str) -> dict:
+    """Put ``cell``'s figures into the fingerprint file at ``path`` as its processor's entry
+    (replacing an earlier entry of the same processor, keeping the others); returns the file's data."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if data and (data.get("cell") != CELL or data.get("torch") != cell["kernels"]["torch"]):
+        data = {}  # another cell or torch build: the old entries no longer apply
+    entries = [e for e in data.get("fingerprints", []) if e.get("machine") != cell["machine"]]
+    entry = {"machine": cell["machine"], "made": made}
+    entry |= {k: cell[k] for k in ("rows", "final_test_auc", "scores_sum")}
+    data = {"cell": CELL, "torch": cell["kernels"]["torch"], "fingerprints": [*entries, entry]}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
 
 
 def _child(native: bool) -> dict:
@@ -104,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/bench_kernel_pin.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "cell": CELL,
+        "machine": pinned[0]["machine"],
         "pinned_kernels": pinned[0]["kernels"],
         "native_kernels": native[0]["kernels"],
         "pinned_repeats_identical": same_pinned,
@@ -125,14 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     if args.fingerprint:
-        args.fingerprint.write_text(
-            json.dumps(
-                {k: pinned[0][k] for k in ("cell", "rows", "final_test_auc", "scores_sum")}
-                | {"torch": pinned[0]["kernels"]["torch"]},
-                indent=1,
-            )
-            + "\n"
-        )
+        import datetime as dt
+
+        record_fingerprint(args.fingerprint, pinned[0], dt.date.today().isoformat())
     return 0
 
 

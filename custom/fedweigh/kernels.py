@@ -6,7 +6,10 @@ products by the widest instruction set (``ONEDNN_MAX_CPU_ISA``; ``DNNL_MAX_CPU_I
 oneDNN), and reductions split their sums over the intra-op threads. Different kernels sum in
 different orders, so the same cell trained on an AVX-512 and an AVX2 machine drifts apart from the
 first round. Pinning all three to AVX2 (which every x86-64 machine fedweigh supports has) and fixing
-the thread count gives bit-identical cells across such machines with the same torch build.
+the thread count removes that difference. It does not remove all of them: oneDNN sizes its blocks by
+the caches and MKL dispatches by processor, so two machines with different processors can still
+differ in the last bits (measured: docs/bench.md). Machines with the same processor
+(:func:`cpu_identity`) and torch build compute a cell bit for bit alike.
 
 The bench runner and the NVFlare simulator launched by ``fedweigh`` set them (:func:`pin_cpu_kernels`,
 :func:`pinned_env`); they must be in the environment before the process runs its first CPU kernel,
@@ -24,6 +27,7 @@ from collections.abc import Mapping
 __all__ = [
     "KERNEL_SWITCH",
     "PINNED_KERNELS",
+    "cpu_identity",
     "kernel_state",
     "pin_cpu_kernels",
     "pinned_env",
@@ -38,6 +42,18 @@ PINNED_KERNELS: dict[str, str] = {
 #: Environment variable that turns the pin off: ``native``.
 KERNEL_SWITCH = "FEDWEIGH_CPU_KERNELS"
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: The vector instruction sets the CPU kernels choose between (``/proc/cpuinfo`` flags).
+_VECTOR_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+)
 
 
 def pinned_env(base: Mapping[str, str] | None = None, threads: int | None = None) -> dict[str, str]:
@@ -76,4 +92,31 @@ def kernel_state() -> dict[str, str]:
         "cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         "threads": str(torch.get_num_threads()),
         **{key: os.environ.get(key, "") for key in (*PINNED_KERNELS, KERNEL_SWITCH)},
+    }
+
+
+def cpu_identity(cpuinfo: str | None = None) -> dict[str, str]:
+    """The processor, as ``/proc/cpuinfo`` names it: vendor, family, model, stepping, and which of the
+    vector instruction sets the kernels choose between it has. ``cpuinfo`` is that file's text (read
+    from the machine when None); a field it lacks (another OS, another architecture) is "unknown"."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = open("/proc/cpuinfo", encoding="utf-8").read()
+        except OSError:
+            cpuinfo = ""
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if first:  # a blank line ends the first processor's block
+                break
+            continue
+        first.setdefault(key.strip(), value.strip())
+    flags = set(first.get("flags", "").split())
+    return {
+        "vendor": first.get("vendor_id", "unknown"),
+        "family": first.get("cpu family", "unknown"),
+        "model": first.get("model", "unknown"),
+        "stepping": first.get("stepping", "unknown"),
+        "vector": " ".join(f for f in _VECTOR_FLAGS if f in flags) or "unknown",
     }
