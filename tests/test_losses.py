@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from decimal import Decimal, getcontext
 
 import numpy as np
@@ -152,6 +154,48 @@ def test_inverse_effective_number_limits_and_zero() -> None:
     assert np.isinf(got[0])
     assert got[1:] == pytest.approx([0.5, 0.1])  # beta = 1: a / n
     assert inverse_effective_number(np.array([3.0]), 0.0)[0] == 1.0
+
+
+@pytest.mark.parametrize("beta", [-0.01, 1.5])
+def test_inverse_effective_number_refuses_a_beta_outside_zero_one_on_both_sides(beta: float) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"beta must lie in [0, 1], got {beta}")):
+        inverse_effective_number(np.array([3.0]), beta)
+
+
+@pytest.mark.parametrize("a", [0.0, -2.0])
+def test_inverse_effective_number_refuses_a_divisor_that_is_not_positive(a: float) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"the count divisor a must be positive, got {a}")):
+        inverse_effective_number(np.array([3.0]), 0.9, a=a)
+
+
+@pytest.mark.parametrize(
+    "counts", [[1.0, -2.0], [1.0, float("inf")], [float("nan"), 2.0]], ids=["negative", "inf", "nan"]
+)
+def test_inverse_effective_number_refuses_each_kind_of_bad_count_alone(counts: list[float]) -> None:
+    # one defect per case: a check that needs two defects at once (``and`` for ``or``) lets each through
+    with pytest.raises(ValueError, match=re.escape(f"counts must be finite and non-negative, got {counts}")):
+        inverse_effective_number(np.array(counts), 0.9)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_inverse_effective_number_is_inf_exactly_where_the_count_is_zero(beta: float) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by zero, no log of 0, at any beta
+        got = inverse_effective_number(np.array([0.0, 3.0, 0.0, 1.0]), beta)
+    assert np.isinf(got[[0, 2]]).all()
+    assert np.isfinite(got[[1, 3]]).all()
+    if beta == 0.0:
+        assert got[[1, 3]].tolist() == [1.0, 1.0]  # beta = 0: no reweighting
+
+
+def test_inverse_effective_number_divides_in_float64_whatever_the_counts_dtype() -> None:
+    # float32 counts divided by a = 3 in float32 lose ~1e-8 relative: the docstring promises float64
+    counts = [7, 2500, 86336]
+    want = inverse_effective_number(np.array(counts, dtype=np.float64), 0.9999999, a=3.0)
+    for dtype in (np.float32, np.int64):
+        got = inverse_effective_number(np.array(counts, dtype=dtype), 0.9999999, a=3.0)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
 
 
 def test_class_balanced_weights_multiclass_hand_value() -> None:
