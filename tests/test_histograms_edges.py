@@ -207,3 +207,29 @@ def test_a_sum_of_one_image_decodes():
     assert stats.client_level_parameter == 3.0
     with pytest.raises(ValueError, match=r"N=0, counts=\[0, 0\]"):
         decode_sum(np.array([0.0, 0.0, 0.0, 0.0]))
+
+
+def test_a_one_image_federation_announces_a_valid_size():
+    """The announced sum of N_k is valid from 1 on (0 and below are refused above)."""
+    check_announced_size(GlobalStats(np.array([1]), 1, 0.0), 1, noised=False, own_num_samples=1)
+
+
+def test_a_negative_size_in_a_statistics_vector_is_refused_even_with_zero_counts():
+    """v_k = [n_1..n_C, N_k, N_k c_k]: the N_k slot must not be negative either."""
+    with pytest.raises(
+        ValueError, match="^site-2: statistics vector has negative counts or counts above N_k$"
+    ):
+        check_statistics_vector("site-2", [0.0, 0.0, -5.0, 0.0], 4)
+
+
+def test_statistics_vectors_come_back_as_float64_whatever_numbers_they_were_sent_as():
+    vec = check_statistics_vector("site-2", [1, 2, 4, 3], 4)
+    assert vec.dtype == np.float64 and vec.tolist() == [1.0, 2.0, 4.0, 3.0]
+    exchange = PlainExchange(min_contributions=1)
+    decoded = exchange.decode({"fedweigh_stats_vector": [3, 6, 9], META_NUM_CONTRIBUTIONS: 1})
+    assert decoded.dtype == np.float64 and decoded.tolist() == [3.0, 6.0, 9.0]
+
+
+def test_from_dict_accepts_large_counts_below_two_to_the_sixty_three():
+    stats = GlobalStats.from_dict({**GOOD, "class_counts": [500, 2**40], "num_samples": 2**41}, "f.json")
+    assert stats.class_counts.tolist() == [500, 2**40] and stats.class_counts.dtype == np.int64

@@ -10,7 +10,13 @@ import pytest
 from test_secure import client_ctx, key_dir, server_ctx  # noqa: F401  (module fixtures)
 
 from fedweigh.secure.contexts import make_context
-from fedweigh.secure.vectors import MAX_ABS_VALUE, decrypt_vector, encrypt_vector, sum_encrypted
+from fedweigh.secure.vectors import (
+    MAX_ABS_VALUE,
+    ciphertext_size,
+    decrypt_vector,
+    encrypt_vector,
+    sum_encrypted,
+)
 
 
 def _exactly(message: str) -> str:
@@ -115,3 +121,12 @@ def test_a_transparent_ciphertext_is_refused():
         ValueError, match=_exactly("site-9: a ciphertext is transparent (it encrypts nothing)")
     ):
         check_fresh_ciphertext(ctx, Vector(), "site-9")
+
+
+def test_ciphertext_size_counts_the_slots_of_a_serialised_vector(client_ctx, server_ctx):  # noqa: F811
+    """2L + 1 slots for a vector of length L (low limbs, high limbs, the contribution count)."""
+    data = encrypt_vector(client_ctx, [1.0, 2.0, 3.0])
+    assert ciphertext_size(server_ctx, data) == 7
+    assert ciphertext_size(client_ctx, encrypt_vector(client_ctx, [5.0])) == 3
+    with pytest.raises(ValueError, match=r"^not a CKKS ciphertext for this context \(.+\)$"):
+        ciphertext_size(server_ctx, b"not a ciphertext")
