@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from test_losses import mc_ctx, ml_ctx
+from test_losses import hand_alphas, mc_ctx, ml_ctx
 from torch import nn
 
 from fedweigh.imbalance import client_imbalance
@@ -272,26 +272,12 @@ def test_the_default_penalty_is_a_zero_on_the_models_device():
 # --- PNB: defaults, the count divisor on every path, mu's bound on both sides, the negatives readings --
 
 
-def _alphas(pos, neg, beta, a=1.0):
-    """Independent (alpha_p, alpha_n): (1 - beta) / (1 - beta^(n / a)) normalised per class, 0 where n+ or n- is 0."""
-    ap, an = [], []
-    for p, n in zip(pos, neg, strict=True):
-        if p == 0 or n == 0:
-            ap.append(0.0)
-            an.append(0.0)
-            continue
-        ep, en = (1 - beta) / (1 - beta ** (p / a)), (1 - beta) / (1 - beta ** (n / a))
-        ap.append(ep / (ep + en))
-        an.append(en / (ep + en))
-    return ap, an
-
-
 def test_pnb_alphas_default_divisor_is_one_and_alphas_are_float64_for_any_count_dtype():
     from fedweigh.losses.pnb import pnb_alphas
 
     pos, neg = [2, 5, 1], [6, 3, 7]
-    expected = _alphas(pos, neg, 0.9)
-    assert _alphas(pos, neg, 0.9, a=2.0)[0] != pytest.approx(expected[0], rel=1e-3)  # a matters here
+    expected = hand_alphas(pos, neg, 0.9)
+    assert hand_alphas(pos, neg, 0.9, a=2.0)[0] != pytest.approx(expected[0], rel=1e-3)  # a matters here
     for dtype in (np.int64, np.int32, np.float32, np.float64):
         ap, an = pnb_alphas(np.array(pos, dtype=dtype), np.array(neg, dtype=dtype), 0.9)
         assert ap.dtype == np.float64 and an.dtype == np.float64, dtype
@@ -303,13 +289,15 @@ def test_pnb_loss_defaults_are_the_papers_mu_4_beta_0_9999_a_1_text_negatives():
     ctx = ml_ctx(class_counts=np.array([2, 5, 1]), num_samples=8)
     for loss in (PNBLoss("multilabel", np.array([2, 5, 1]), np.array([6, 3, 7])), PNBLoss.from_context(ctx)):
         assert (loss.mu, loss.beta, loss.a) == (4.0, 0.9999, 1.0)
-        assert loss.alpha_pos.tolist() == pytest.approx(_alphas([2, 5, 1], [6, 3, 7], 0.9999)[0], rel=1e-6)
+        assert loss.alpha_pos.tolist() == pytest.approx(
+            hand_alphas([2, 5, 1], [6, 3, 7], 0.9999)[0], rel=1e-6
+        )
     assert pnb_negative_counts(ctx).tolist() == [6.0, 3.0, 7.0]  # "text": N_k - n+_j
 
 
 def test_pnb_count_divisor_reaches_the_alphas_by_both_constructors():
     pos, neg = [2, 5, 1], [6, 3, 7]
-    expected = _alphas(pos, neg, 0.9, a=3.0)
+    expected = hand_alphas(pos, neg, 0.9, a=3.0)
     direct = PNBLoss("multilabel", np.array(pos), np.array(neg), beta=0.9, a=3.0)
     built = PNBLoss.from_context(ml_ctx(class_counts=np.array(pos), num_samples=8), beta=0.9, a=3.0)
     for loss in (direct, built):
