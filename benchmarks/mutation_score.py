@@ -25,7 +25,11 @@ was mutated, and every mutant that was not caught with its diff and verdict. Ver
 ``killed by tests/<file>.py::<test>`` for a survivor a later test kills, ``equivalent: <reason>`` for a
 change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
 A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
-are listed as ``not yet run``.
+are listed as ``not yet run``; a module measured while some of its survivors are still ``open`` is listed
+as ``run, survivors open`` (its score measured; a survivor neither equivalent nor caught by a run yet:
+``open``, or killed in a ``try`` that the next run confirms). A report rebuilt where a
+run module has no meta file (a fresh clone) keeps that module's last record, with the verdicts of
+``verdicts.json``.
 
 ``try`` runs named tests against named mutants of the last run (``MUTANT_UNDER_TEST`` with the mutated
 copy first on the path; ``custom/`` is never touched) and, for each mutant the tests fail on while they
@@ -62,6 +66,39 @@ STAGE_LINKS = {"src": "custom", "tests": "tests", "pyproject.toml": "pyproject.t
 MUTANTS_LINKS = ("custom", "docs", "examples", "jobs", "benchmarks", "provisioning", "README.md", "Makefile")
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): caught = killed or timed out
 CAUGHT = ("killed", "timeout")
+# a module's status once measured: every survivor decided, or some still "open"
+RUN, RUN_OPEN = "run", "run, survivors open"
+MEASURED = (RUN, RUN_OPEN)
+
+
+def was_run(entry: dict | None) -> bool:
+    """Whether a report entry records a measured run (decided or not)."""
+    return (entry or {}).get("status") in MEASURED
+
+
+def _undecided(entry: dict) -> int:
+    """Survivors of the last run not decided equivalent: ``open``, or killed by a test in a ``try`` that
+    the module's next run is still to confirm."""
+    still = sum(not s["verdict"].startswith("equivalent: ") for s in entry["survivors"])
+    # a survivor of the first run caught since, whose killing test is still to be named
+    return still + sum(c["verdict"] == "open" for c in entry.get("caught_since_before", []))
+
+
+def _with_status(entry: dict) -> dict:
+    """``run`` when every survivor is decided, ``run, survivors open`` while one is not."""
+    entry["status"] = RUN_OPEN if _undecided(entry) else RUN
+    return entry
+
+
+def _kept(entry: dict, verdicts: dict) -> dict:
+    """The last record of a module whose meta file is not here, with today's verdicts of its mutants
+    (a verdict decided by hand since; one whose diff no longer matches stays as recorded)."""
+    for group in ("survivors", "caught_since_before", "rewritten_since_before"):
+        for item in entry.get(group, []):
+            known = verdicts.get(item["mutant"])
+            if known is not None and known["diff"] == item["diff"]:
+                item["verdict"] = known["verdict"]
+    return _with_status(entry)
 
 
 def configured_patterns() -> list[str]:
@@ -249,8 +286,8 @@ def module_result(
         "score": score(counts),
         "survivors": [s["mutant"] for s in survivors],
     }
-    before = previous["before"] if previous and previous.get("status") == "run" else after
-    if not fresh and previous and previous.get("status") == "run":
+    before = previous["before"] if was_run(previous) else after
+    if not fresh and was_run(previous):
         after["run_at"] = previous["after"]["run_at"]  # the report rebuilt, not rerun
     # survivors of the first run that a later run caught: their verdict names the test that kills them;
     # a survivor whose line was rewritten since (its name now means another change, or no longer
@@ -273,14 +310,16 @@ def module_result(
                 "rewritten: the code this mutant changed was rewritten since the first run"
             )
             rewritten.append({"mutant": m, "diff": verdicts[m]["diff"], "verdict": verdicts[m]["verdict"]})
-    return {
-        "status": "run",
-        "before": before,
-        "after": after,
-        "survivors": survivors,
-        "caught_since_before": caught_since,
-        "rewritten_since_before": rewritten,
-    }
+    return _with_status(
+        {
+            "status": RUN,
+            "before": before,
+            "after": after,
+            "survivors": survivors,
+            "caught_since_before": caught_since,
+            "rewritten_since_before": rewritten,
+        }
+    )
 
 
 def report(
@@ -294,7 +333,10 @@ def report(
     verdicts = _load(VERDICTS, {})
     modules = {}
     for module in configured_modules():
-        ran = module in seconds or previous.get(module, {}).get("status") == "run"
+        ran = module in seconds or was_run(previous.get(module))
+        if module not in seconds and was_run(previous.get(module)) and not meta_path(module).exists():
+            modules[module] = _kept(previous[module], verdicts)  # a fresh clone: the last record stands
+            continue
         codes = (
             json.loads(meta_path(module).read_text())["exit_code_by_key"]
             if meta_path(module).exists()
@@ -303,7 +345,7 @@ def report(
         checked = sum(code is not None for code in codes.values())
         if ran and checked < len(codes):  # a run stopped before its end: the last complete one stands
             stopped = {"status": f"not yet run (stopped at {checked} of {len(codes)} mutants)"}
-            modules[module] = previous[module] if previous.get(module, {}).get("status") == "run" else stopped
+            modules[module] = _kept(previous[module], verdicts) if was_run(previous.get(module)) else stopped
         elif ran and codes:
             fresh = module in seconds  # measured now (its time None when not known) or the last record
             modules[module] = module_result(
@@ -351,6 +393,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
 
 
+def _open(entry: dict) -> str:
+    n = _undecided(entry)
+    return f" ({n} open)" if n else ""
+
+
 def table(payload: dict) -> str:
     """The scores table (docs/testing.md shows this table verbatim)."""
     rows = [
@@ -360,13 +407,13 @@ def table(payload: dict) -> str:
     ]
     for module, entry in payload["modules"].items():
         name = module.removeprefix("custom/fedweigh/")
-        if entry["status"] != "run":
+        if not was_run(entry):
             rows.append(f"| `{name}` | {entry['status']} | | | | | | | |")
             continue
         before, after = entry["before"], entry["after"]
         rows.append(
             f"| `{name}` | {after['counts']['total']} | {before['counts']['caught']} | {_pct(before['score'])} "
-            f"| {after['counts']['caught']} | {_pct(after['score'])} | {len(entry['survivors'])} "
+            f"| {after['counts']['caught']} | {_pct(after['score'])} | {len(entry['survivors'])}{_open(entry)} "
             f"| {after['mutant_seconds']} | {after['seconds'] if after['seconds'] is not None else '-'}"
             f"{'*' if after.get('run_with') else ''} |"
         )
@@ -381,12 +428,14 @@ def markdown(payload: dict) -> str:
         "`score.json` beside it. Tests: the fast suite. Score: " + payload["score"] + ". "
         "`mutants' tests (s)`: mutmut's time for the tests of the module's mutants (the last run); `run (s)`: "
         "wall time of the `mutmut run` that ran the module (set-up, clean run, forced failure, mutants) on a "
-        "shared 2-core machine, one worker, `nice 15`; `*`: one run for several modules (`--together`).",
+        "shared 2-core machine, one worker, `nice 15`; `*`: one run for several modules (`--together`); "
+        "`(n open)`: mutants still to triage (status `run, survivors open`): survivors not yet decided "
+        "equivalent, and survivors of the first run that the last run caught whose killing test is not yet named.",
         "",
         table(payload),
     ]
     for module, entry in payload["modules"].items():
-        if entry["status"] != "run" or not (
+        if not was_run(entry) or not (
             entry["survivors"] or entry["caught_since_before"] or entry.get("rewritten_since_before")
         ):
             continue

@@ -174,14 +174,6 @@ def scalar_vector(reports: Sequence[ClientReport], key: str, *, scheme: str, non
     return values
 
 
-def normalise(values: np.ndarray, *, what: str) -> np.ndarray:
-    """values / sum(values) for non-negative values with a positive sum."""
-    total = float(np.sum(values))
-    if not math.isfinite(total) or total <= 0:
-        raise ValueError(f"cannot normalise {what}: sum is {total!r}")
-    return values / total
-
-
 def as_distribution(weights: np.ndarray, names: Sequence[str], *, scheme: str) -> np.ndarray:
     """The weights a round applies: w_k / sum_j w_j, non-negative and summing to 1.
 
