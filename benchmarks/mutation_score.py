@@ -26,8 +26,9 @@ was mutated, and every mutant that was not caught with its diff and verdict. Ver
 change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
 A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
 are listed as ``not yet run``; a module measured while some of its survivors are still ``open`` is listed
-as ``run, survivors open`` (its score measured; a survivor neither equivalent nor caught by a run yet:
-``open``, or killed in a ``try`` that the next run confirms). A report rebuilt where a
+as ``run, survivors open`` (its score measured, some mutants still to triage: a survivor neither
+equivalent nor caught by a run yet, or a survivor of the first run caught since whose killing test is
+not yet named). A report rebuilt where a
 run module has no meta file (a fresh clone) keeps that module's last record, with the verdicts of
 ``verdicts.json``.
 
@@ -66,7 +67,7 @@ STAGE_LINKS = {"src": "custom", "tests": "tests", "pyproject.toml": "pyproject.t
 MUTANTS_LINKS = ("custom", "docs", "examples", "jobs", "benchmarks", "provisioning", "README.md", "Makefile")
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): caught = killed or timed out
 CAUGHT = ("killed", "timeout")
-# a module's status once measured: every survivor decided, or some still "open"
+# a module's status once measured: every mutant triaged, or some still to triage
 RUN, RUN_OPEN = "run", "run, survivors open"
 MEASURED = (RUN, RUN_OPEN)
 
@@ -77,10 +78,10 @@ def was_run(entry: dict | None) -> bool:
 
 
 def _undecided(entry: dict) -> int:
-    """Survivors of the last run not decided equivalent: ``open``, or killed by a test in a ``try`` that
-    the module's next run is still to confirm."""
+    """Mutants still to triage: survivors of the last run not decided equivalent (``open``, or killed by
+    a test in a ``try`` that the next run is still to confirm), and survivors of the first run that a
+    later run caught whose killing test is not yet named (``open``)."""
     still = sum(not s["verdict"].startswith("equivalent: ") for s in entry["survivors"])
-    # a survivor of the first run caught since, whose killing test is still to be named
     return still + sum(c["verdict"] == "open" for c in entry.get("caught_since_before", []))
 
 

@@ -7,20 +7,15 @@ import warnings
 
 import numpy as np
 import pytest
+from test_weighting_fedawa import make_round
 
-from fedweigh.weighting import ClientReport, FedAWAWeights
+from fedweigh.weighting import FedAWAWeights
 from fedweigh.weighting.fedawa import fedawa_objective_and_grad
 from fedweigh.weighting.geometry import delta_gram
 
 
-def _round(seed=0, names=("a", "b", "c"), sizes=(10, 30, 60)):
-    rng = np.random.default_rng(seed)
-    g = {"w": rng.normal(size=6)}
-    reps = [
-        ClientReport(nm, n, params={"w": g["w"] + rng.normal(scale=0.3, size=6)})
-        for nm, n in zip(names, sizes, strict=True)
-    ]
-    return g, reps
+def _round():
+    return make_round(np.random.default_rng(0), ["a", "b", "c"], [10, 30, 60])
 
 
 @pytest.mark.parametrize("betas", [(0.0, 0.999), (0.5, 0.0), (0.0, 0.0), (0.999, 0.9999)])
