@@ -5,8 +5,8 @@
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py report   # the report from the last runs
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py try MUTANT... --tests tests/x.py::test_y
 
-``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module, at low priority, and then
-writes the report. mutmut (3.x) names a mutant after its file's path, and only a leading ``src/`` maps
+``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module (``--jobs N``: N mutants at
+once), at low priority, and then writes the report. mutmut (3.x) names a mutant after its file's path, and only a leading ``src/`` maps
 that path to the import name ``fedweigh.*``; so the run happens in ``build/mutation/``, where ``src``
 links to ``custom/``, ``tests`` to ``tests/`` and ``pyproject.toml`` to the project's (its
 ``[tool.mutmut]`` section). mutmut copies them into ``build/mutation/mutants/`` and puts
@@ -22,7 +22,8 @@ derandomised (``HYPOTHESIS_PROFILE=mutation``) so that every mutant meets the sa
 (caught / total, caught = killed or timed out), the time taken, the sha256 of the source file as it
 was mutated, and every mutant that was not caught with its diff and verdict. Verdicts are kept in
 ``docs/results/mutations/verdicts.json`` (mutant name -> diff and verdict, edited by hand):
-``killed by tests/<file>.py::<test>`` for a survivor a later test kills, ``equivalent: <reason>`` for a
+``killed by tests/<file>.py::<test>`` for a survivor a later test kills (``killed by tests/<file>.py
+(its import fails with the mutant)`` where the mutant already breaks the import of the tests), ``equivalent: <reason>`` for a
 change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
 A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
 are listed as ``not yet run``; a module measured while some of its survivors are still ``open`` is listed
@@ -67,6 +68,8 @@ STAGE_LINKS = {"src": "custom", "tests": "tests", "pyproject.toml": "pyproject.t
 MUTANTS_LINKS = ("custom", "docs", "examples", "jobs", "benchmarks", "provisioning", "README.md", "Makefile")
 # mutmut's exit codes (mutmut.stats.status_by_exit_code): caught = killed or timed out
 CAUGHT = ("killed", "timeout")
+#: how ``try`` names a kill where the test module itself fails to import with the mutant
+IMPORT_FAILS = "(its import fails with the mutant)"
 # a module's status once measured: every mutant triaged, or some still to triage
 RUN, RUN_OPEN = "run", "run, survivors open"
 MEASURED = (RUN, RUN_OPEN)
@@ -187,11 +190,12 @@ def meta_path(module: str) -> Path:
     return MUTANTS / "src" / (Path(module).relative_to("custom").as_posix() + ".meta")
 
 
-def run(modules: list[str], nice: int, resume: bool = False) -> dict[str, float | None] | None:
+def run(modules: list[str], nice: int, resume: bool = False, jobs: int = 1) -> dict[str, float | None] | None:
     """One ``mutmut run`` over ``modules``; its wall time for each of them, or None if it stopped.
 
     ``resume``: keep the results of a run that stopped half-way (mutmut then runs only the mutants
-    without one); the time recorded is that of this run only."""
+    without one); the time recorded is that of this run only. ``jobs``: mutants checked at once
+    (mutmut's ``--max-children``; each runs its tests in one process)."""
     stage()
     with_mutants = []
     for module in modules:
@@ -207,7 +211,7 @@ def run(modules: list[str], nice: int, resume: bool = False) -> dict[str, float 
             meta["exit_code_by_key"] = dict.fromkeys(meta["exit_code_by_key"])
             meta_path(module).write_text(json.dumps(meta, indent=4))
     names = [import_name(module) + ".x*" for module in with_mutants]
-    command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", "1", *names]
+    command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", str(jobs), *names]
     print(f"{' '.join(with_mutants)}: {' '.join(command[3:])}", flush=True)
     log = STAGE / "logs" / (names[0].removesuffix(".x*") + ".log")
     log.parent.mkdir(exist_ok=True)
@@ -507,7 +511,15 @@ def _pytest(
     env.update(MUTANT_UNDER_TEST=mutant, PYTHONPATH=str(MUTANTS / "src"))
     command = ["nice", "-n", str(nice), sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    return done, sorted(set(re.findall(r"^FAILED (\S+)", done.stdout, re.M)))
+    return done, failed_tests(done.stdout)
+
+
+def failed_tests(summary: str) -> list[str]:
+    """The tests pytest's short summary reports as failed or erred (in set-up), and, as ``<module>
+    (its import fails ...)``, the test modules that could not be collected."""
+    failed = set(re.findall(r"^(?:FAILED|ERROR) (\S+::\S+)", summary, re.M))
+    failed |= {f"{path} {IMPORT_FAILS}" for path in re.findall(r"^ERROR (\S+\.py)(?: - |$)", summary, re.M)}
+    return sorted(failed)
 
 
 def try_mutants(mutants: list[str], tests: list[str], nice: int) -> dict[str, list[str]]:
@@ -545,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run: go on from a run that stopped half-way (keep the mutants it checked)",
     )
+    parser.add_argument("--jobs", type=int, default=1, help="run: mutants checked at once (default 1)")
     parser.add_argument(
         "--tests", nargs="+", default=[], help="slow-check, try: the tests to run on each mutant"
     )
@@ -558,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds: dict[str, float] = {}
         together: dict[str, list[str]] = {}
         for group in groups:  # the report after each run, so that a stopped run keeps what it measured
-            measured = run(group, args.nice, args.resume)
+            measured = run(group, args.nice, args.resume, args.jobs)
             seconds.update(measured or dict.fromkeys(group))
             together.update({module: group for module in group})
             report(seconds, together)

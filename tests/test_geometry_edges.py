@@ -209,3 +209,13 @@ def test_model_similarity_names_a_non_finite_client_by_its_name_or_as_client(mod
         model_similarity(bad, g, mode)
     with pytest.raises(ValueError, match=r"^client 'site-2': parameters hold non-finite values$"):
         model_similarity(bad, g, mode, name="site-2")
+
+
+def test_an_infinite_array_on_both_sides_gives_an_infinite_norm_without_a_warning():
+    # inf - inf is NaN (NumPy's "invalid"): the norm is reported as infinite, quietly
+    glob = {"w": np.array([np.inf, 0.0], dtype=np.float32)}
+    client = {"w": np.array([np.inf, 1.0], dtype=np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        norms = delta_norms(glob, [client])
+    assert norms.shape == (1, 1) and norms[0, 0] == math.inf

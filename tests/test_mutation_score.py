@@ -38,8 +38,18 @@ VERDICTS = json.loads((RESULTS / "verdicts.json").read_text())
 MEASURED = {module: entry for module, entry in REPORT["modules"].items() if SCORE.was_run(entry)}
 RUN = {module: entry for module, entry in MEASURED.items() if entry["status"] == SCORE.RUN}
 KILLED_BY = re.compile(
-    r"killed by (tests/test_\w+\.py)::(\w+)(?:\[[^\]]+\])?"
-)  # a parametrized case names its id
+    r"killed by (tests/test_\w+\.py)(?:::(\w+)(?:\[[^\]]+\])?| " + re.escape(SCORE.IMPORT_FAILS) + ")"
+)  # a parametrized case names its id; a mutant that breaks the import of the tests names their module
+
+
+def _names_a_test(verdict: str) -> bool:
+    """Whether a ``killed by`` verdict names an existing test (or an existing test module)."""
+    match = KILLED_BY.fullmatch(verdict)
+    if not match:
+        return False
+    path, test = match.groups()
+    source = (ROOT / path).read_text()
+    return test is None or bool(re.search(rf"^def {test}\(", source, re.M))
 
 
 def test_the_report_lists_exactly_the_modules_make_mutation_runs():
@@ -99,10 +109,8 @@ def test_a_module_with_an_open_survivor_says_so_and_nothing_else_is_undecided():
         for survivor in entry["survivors"]:
             name, verdict = survivor["mutant"], survivor["verdict"]
             assert VERDICTS[name]["verdict"] == verdict, name
-            match = KILLED_BY.fullmatch(verdict)
-            if match:
-                path, test = match.groups()
-                assert re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), verdict
+            if KILLED_BY.fullmatch(verdict):
+                assert _names_a_test(verdict), verdict
             else:
                 assert verdict == "open" or verdict.startswith("equivalent: "), (module, name, verdict)
 
@@ -120,10 +128,10 @@ def test_a_survivor_caught_later_names_an_existing_test_that_kills_it():
         for item in entry["caught_since_before"]:
             if entry["status"] == SCORE.RUN_OPEN and item["verdict"] == "open":
                 continue  # caught by the last run, the test that kills it still to be named
-            match = KILLED_BY.fullmatch(item["verdict"])
-            assert match, f"{module}: {item['mutant']} was caught later; its verdict must name the test"
-            path, test = match.groups()
-            assert re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), item["verdict"]
+            assert KILLED_BY.fullmatch(item["verdict"]), (
+                f"{module}: {item['mutant']} was caught later; its verdict must name the test"
+            )
+            assert _names_a_test(item["verdict"]), item["verdict"]
 
 
 def test_score_md_and_the_testing_page_show_the_committed_scores():
@@ -186,3 +194,27 @@ def test_a_report_rebuilt_without_a_modules_results_keeps_its_record_with_todays
     }
     (tmp_path / "verdicts.json").write_text(json.dumps(verdicts))
     assert SCORE.report()["modules"][module]["status"] == SCORE.RUN
+
+
+def test_try_reads_failed_erred_and_uncollectable_tests_from_pytests_summary():
+    summary = "\n".join(
+        [
+            "FAILED tests/test_a.py::test_one - AssertionError: 1 != 2",
+            "FAILED tests/test_a.py::test_two[case-1] - ValueError",
+            "ERROR tests/test_b.py::test_three - fixture broke",
+            "ERROR tests/test_c.py - TypeError: startswith first arg must be str",
+            "ERROR tests/test_d.py",
+            "PASSED tests/test_e.py::test_four",
+            "  FAILED tests/test_f.py::test_indented",
+        ]
+    )
+    assert SCORE.failed_tests(summary) == [
+        "tests/test_a.py::test_one",
+        "tests/test_a.py::test_two[case-1]",
+        "tests/test_b.py::test_three",
+        f"tests/test_c.py {SCORE.IMPORT_FAILS}",
+        f"tests/test_d.py {SCORE.IMPORT_FAILS}",
+    ]
+    assert SCORE.failed_tests("5 passed in 0.1s") == []
+    assert KILLED_BY.fullmatch(f"killed by tests/test_c.py {SCORE.IMPORT_FAILS}")
+    assert not KILLED_BY.fullmatch("killed by tests/test_c.py")

@@ -829,3 +829,13 @@ def test_a_file_found_is_read_over_the_strict_defaults_even_in_a_simulation(tmp_
     path = _write_policy(tmp_path, '{"min_secure_sum": 2}')
     p = load_site_policy(tmp_path)
     assert p == replace_source(SitePolicy(min_secure_sum=2), str(path))
+
+
+def test_the_one_over_n_rule_binds_at_a_single_record_whatever_max_delta():
+    # a policy built in code is not held to max_delta < 1: the 1/N_k rule alone refuses delta = 1 at N_k = 1
+    guard = PrivacyGuard(SitePolicy(max_delta=1.0), PrivacyLedger(), "site-1", "job-1")
+    assert guard.delta_refusal("DP-SGD", 0.5, 1) is None
+    reason = guard.delta_refusal("DP-SGD", 1.0, 1)
+    assert reason is not None and "not below 1/N_k = 1/1" in reason
+    assert "not below 1/N_k = 1/2" in guard.delta_refusal("DP-SGD", 0.5, 2)
+    assert guard.delta_refusal("DP-SGD", 0.5, 0) is None  # no record count: no 1/N_k rule

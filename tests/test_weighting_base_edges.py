@@ -281,3 +281,38 @@ def test_only_named_schemes_of_the_package_join_the_registry():
     finally:
         base._DEFINED.clear()
         base._DEFINED.update(before)
+
+
+def test_scalars_are_the_plaintext_ones_unless_encrypted_is_asked():
+    # a scheme that keeps the base's scalars(): its HE scalars only when encrypted is asked
+    probe = type(
+        "HEProbe",
+        (WeightingScheme,),
+        {
+            "name": "he-probe",
+            "__module__": "mypkg.schemes",
+            "he_compatible": True,
+            "required_scalars": ("loss",),
+            "he_client_scalars": ("similarity", "loss"),
+            "weights": _weights,
+        },
+    )()
+    assert probe.scalars() == ("loss",)
+    assert probe.scalars(encrypted=False) == ("loss",)
+    assert probe.scalars(encrypted=True) == ("loss", "similarity")  # each once, the scheme's own first
+    scheme = FedDRAWWeights()  # FedDRAW's own scalars() passes the flag on
+    assert scheme.scalars() == ()  # the server computes the similarity from plaintext parameters
+    assert scheme.scalars(encrypted=True) == ("similarity",)
+
+
+def test_the_max_of_a_zero_dimensional_integer_buffer_is_an_array_of_the_global_dtype():
+    g = {"w": np.zeros(2, np.float32), "steps": np.array(3, dtype=np.int32)}
+    reports = [
+        ClientReport(name=name, num_samples=1, params={"w": np.ones(2, np.float32), "steps": np.array(n)})
+        for name, n in (("a", 5), ("b", 7))
+    ]
+    out = FedAvgWeights(integer_buffers="max").aggregate(g, reports, np.array([0.5, 0.5]))
+    assert (
+        isinstance(out["steps"], np.ndarray) and out["steps"].shape == () and out["steps"].dtype == np.int32
+    )
+    assert int(out["steps"]) == 7

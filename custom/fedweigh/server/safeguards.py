@@ -176,18 +176,16 @@ def norm_scales(norms: np.ndarray, bound: float) -> np.ndarray:
     (leave-one-out, so the site being judged never sets its own bound and one site cannot raise it;
     one update alone is left as it is). A 1-D ``norms`` is one array per update."""
     norms = np.asarray(norms, dtype=np.float64)
-    flat = norms.ndim == 1
-    n = norms[:, None] if flat else norms
+    n = norms.reshape(norms.shape[0], -1)  # one row per update
     scales = np.ones(n.shape)
     for k in range(n.shape[0]):
         others = np.delete(n, k, axis=0)
         if others.shape[0] == 0:
             continue
         limit = bound * np.median(others, axis=0)
-        over = n[k] > limit
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scales[k, over] = np.where(limit[over] > 0, limit[over] / n[k, over], 0.0)
-    return scales[:, 0] if flat else scales
+        over = n[k] > limit  # so n[k] > limit >= 0 where it divides
+        scales[k, over] = limit[over] / n[k, over]
+    return scales.reshape(norms.shape)
 
 
 def update_cosines(gram: np.ndarray) -> np.ndarray:
@@ -196,8 +194,7 @@ def update_cosines(gram: np.ndarray) -> np.ndarray:
     g = np.asarray(gram, dtype=np.float64)
     norms = np.sqrt(np.maximum(np.diag(g), 0.0))
     denom = np.outer(norms, norms)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cos = np.where(denom > 0, g / np.where(denom > 0, denom, 1.0), 1.0)
+    cos = np.divide(g, denom, out=np.ones_like(g), where=denom > 0)
     np.fill_diagonal(cos, 1.0)
     return cos
 
@@ -227,9 +224,8 @@ def direction_outliers(gram: np.ndarray, threshold: float, min_pull: float | Non
     bound it further.
     """
     min_pull = DIRECTION_MIN_PULL if min_pull is None else float(min_pull)
-    g = np.asarray(gram, dtype=np.float64)
-    cos = update_cosines(g)
-    pulls = pulls_against_others(g)
+    cos = update_cosines(gram)
+    pulls = pulls_against_others(gram)
     below = cos < threshold
     n = cos.shape[0]
     out = []
@@ -287,7 +283,9 @@ def cap_weights(weights: np.ndarray, max_share: float) -> np.ndarray:
     Shares s = w / sum(w) above the cap are set to it and the excess is given to the other sites in
     proportion to their shares, repeated until no share exceeds the cap; the result is rescaled to the
     original sum (FedNova's weights need not sum to 1). A cap below 1/K cannot hold and becomes 1/K.
-    This bounds the influence of a site that inflates its sample count or statistics.
+    This bounds the influence of a site that inflates its sample count or statistics. No weights, a
+    total of zero or less, or a cap outside (0, 1) leave the weights as they are (as float64); a share
+    within 1e-15 of the cap counts as at it.
     """
     w = np.asarray(weights, dtype=np.float64)
     total = float(w.sum())

@@ -131,7 +131,7 @@ def check_reports(
     if reports is None or len(reports) == 0:
         raise ValueError(f"{scheme}: no client reports for this round")
     seen: set[str] = set()
-    sizes = np.empty(len(reports), dtype=np.float64)
+    sizes = np.empty(len(reports))  # float64
     for i, rep in enumerate(reports):
         if not isinstance(rep, ClientReport):
             raise ValueError(f"{scheme}: report #{i} is a {type(rep).__name__}, expected ClientReport")
@@ -364,10 +364,9 @@ class WeightingScheme(ABC):
     ) -> np.ndarray:
         stack = [np.asarray(rep.params[key]) for rep in reports if rep.params is not None]
         if self.integer_buffers == "max":
-            return np.asarray(np.maximum.reduce([s.astype(g.dtype) for s in stack]), dtype=g.dtype).reshape(
-                g.shape
-            )
-        delta = np.zeros(g.shape, dtype=np.float64)
+            # each array has g's shape (check_params_match) and, cast, its dtype; asarray: a 0-d one
+            return np.asarray(np.maximum.reduce([s.astype(g.dtype) for s in stack]))
+        delta = np.zeros(g.shape)  # float64
         g64 = g.astype(np.float64)
         for s, wk in zip(stack, w, strict=True):
             delta += wk * (s.astype(np.float64) - g64)

@@ -57,7 +57,7 @@ def float_keys(params: Mapping[str, np.ndarray]) -> list[str]:
 
 def is_buffer_name(key: str) -> bool:
     """Whether a state-dict key names a buffer by the name rule: its last component is in :data:`BUFFER_NAMES`."""
-    return key.rsplit(".", 1)[-1] in BUFFER_NAMES
+    return key.rpartition(".")[2] in BUFFER_NAMES
 
 
 def model_buffer_keys(model: Any) -> frozenset[str]:
@@ -354,7 +354,7 @@ def delta_gram(
     arrays += [np.asarray(p[k]) for p in client_params for k in keys]
     dt = _compute_dtype(arrays)
     k_clients = len(client_params)
-    total = np.zeros((k_clients + 1, k_clients + 1), dtype=np.float64)
+    total = np.zeros((k_clients + 1, k_clients + 1))  # float64
     sizes = [int(np.asarray(global_params[k]).size) for k in keys]
     width = max(1, min(chunk, sum(sizes)))
     block = np.empty((k_clients + 1, width), dtype=dt)
@@ -376,7 +376,7 @@ def delta_gram(
             block[0, pos : pos + take] = seg
             for i, p in enumerate(client_params):
                 pv = np.asarray(p[key]).ravel()[start : start + take]
-                np.subtract(pv, seg, out=block[i + 1, pos : pos + take], casting="same_kind")
+                np.subtract(pv, seg, out=block[i + 1, pos : pos + take])  # casting: same_kind (the default)
             pos += take
             start += take
     if pos:
