@@ -6,10 +6,10 @@
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py try MUTANT... --tests tests/x.py::test_y
 
 ``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module (``--jobs N``: N mutants at
-once), at low priority, and then writes the report. mutmut (3.x) names a mutant after its file's path, and only a leading ``src/`` maps
-that path to the import name ``fedweigh.*``; so the run happens in ``build/mutation/``, where ``src``
-links to ``custom/``, ``tests`` to ``tests/`` and ``pyproject.toml`` to the project's (its
-``[tool.mutmut]`` section). mutmut copies them into ``build/mutation/mutants/`` and puts
+once), at low priority, and then writes the report. mutmut (3.x) names a mutant after its file's path,
+and only a leading ``src/`` maps that path to the import name ``fedweigh.*``; so the run happens in
+``build/mutation/``, where ``src`` links to ``custom/``, ``tests`` to ``tests/`` and ``pyproject.toml``
+to the project's (its ``[tool.mutmut]`` section). mutmut copies them into ``build/mutation/mutants/`` and puts
 ``mutants/src`` first on ``sys.path``: the tests import the mutated copy of the package, and mutmut's
 forced-failure check (every mutated function raises; some test must fail) stops the run if they do
 not. The rest of the project (docs, examples, jobs, ...) is linked into ``mutants/`` for the tests that
@@ -23,8 +23,8 @@ derandomised (``HYPOTHESIS_PROFILE=mutation``) so that every mutant meets the sa
 was mutated, and every mutant that was not caught with its diff and verdict. Verdicts are kept in
 ``docs/results/mutations/verdicts.json`` (mutant name -> diff and verdict, edited by hand):
 ``killed by tests/<file>.py::<test>`` for a survivor a later test kills (``killed by tests/<file>.py
-(its import fails with the mutant)`` where the mutant already breaks the import of the tests), ``equivalent: <reason>`` for a
-change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
+(its import fails with the mutant)`` where the mutant already breaks the import of the tests),
+``equivalent: <reason>`` for a change no test can see, ``open`` until one of them is decided (a new survivor is added as ``open``).
 A module's first measured run is kept as ``before``; later runs replace ``after``. Modules never run
 are listed as ``not yet run``; a module measured while some of its survivors are still ``open`` is listed
 as ``run, survivors open`` (its score measured, some mutants still to triage: a survivor neither

@@ -7,22 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_round_integrity import SITES, VarScale, result  # VarScale: x / sqrt(var), NaN once var < 0
 
 from fedweigh.server.model_check import ModelProbe
-from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundOutcome, RoundStep
+from fedweigh.server.rounds import PlaintextBackend, RoundOutcome, RoundStep
 from fedweigh.server.safeguards import Safeguards
 from fedweigh.weighting import get_scheme
-
-SITES = ("site-1", "site-2", "site-3", "site-4")
-
-
-def result(site: str, params, n: int = 100, steps: int = 2) -> ClientResult:
-    return ClientResult(
-        site,
-        params,
-        {"num_samples": n, "NUM_STEPS_CURRENT_ROUND": steps, "fedweigh_scalars": {}},
-        {"val_auc": 0.6},
-    )
 
 
 def global_model() -> dict[str, np.ndarray]:
@@ -128,20 +118,9 @@ def test_two_bounds_on_one_site_are_both_recorded_and_logged_as_warnings():
 # ---- the leave-one-out search ------------------------------------------------------------------
 
 
-class Scale(torch.nn.Module):
-    """y = x / sqrt(var): a negative variance in the aggregate gives NaN outputs."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.var = torch.nn.Parameter(torch.ones(n))
-
-    def forward(self, x):
-        return x / torch.sqrt(self.var)
-
-
 def scale_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), Scale(4))
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), VarScale(4))
 
 
 def test_of_several_sites_whose_removal_mends_the_aggregate_the_largest_update_is_left_out():
