@@ -191,6 +191,14 @@ class AggregationBackend(ABC):
         raise NotImplementedError
 
 
+def _mean_array(arrays: Sequence[Any]) -> np.ndarray:
+    """The element-wise mean of same-shaped arrays, in float64, cast back to their dtype (rounded
+    for integers)."""
+    dtype = np.asarray(arrays[0]).dtype
+    mean = np.mean([np.asarray(a, dtype=np.float64) for a in arrays], axis=0)
+    return (mean if np.issubdtype(dtype, np.floating) else np.rint(mean)).astype(dtype)
+
+
 class PlaintextBackend(AggregationBackend):
     """theta_g in clear at the server; the scheme sees the clients' parameters and aggregates them.
 
@@ -235,9 +243,10 @@ class PlaintextBackend(AggregationBackend):
         return out
 
     def _start(self, contributions: Sequence[Params]) -> Params:
+        """theta_g, or (none known yet) the element-wise mean of the round's valid models, each array
+        in its own dtype (an integer buffer such as ``num_batches_tracked`` rounded)."""
         if self.global_params is None:
-            first = contributions[0]
-            self.global_params = {k: np.mean([c[k] for c in contributions], axis=0) for k in first}
+            self.global_params = {k: _mean_array([c[k] for c in contributions]) for k in contributions[0]}
         return self.global_params
 
     def weigh(self, scheme, reports, contributions, t, T):
