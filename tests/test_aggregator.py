@@ -241,3 +241,26 @@ def test_rounds_beyond_the_aggregators_num_rounds_are_warned_about():
     other.warning = (seen := []).append
     _StockWorkflow(other, num_rounds=3).round(0, g, [_result("site-1", 10, 1.0), _result("site-2", 10, 1.0)])
     assert any("num_rounds=5 but the workflow runs 3 rounds" in w for w in seen), seen
+
+
+def test_without_a_global_model_the_first_round_starts_from_the_sites_mean_with_integer_buffers():
+    """No global model in the context (the workflow has not set one): the round starts from the mean of
+    the sites' models, each array in its dtype, so a BatchNorm step count (int64) passes the check."""
+    agg = FedweighAggregator(scheme="fedavg", num_rounds=3, min_update_cosine=None)
+    ctx = FLContext()
+    ctx.set_prop(AppConstants.CURRENT_ROUND, 0, private=True, sticky=False)
+    agg.fl_ctx = ctx
+    for site, value, steps in (("site-1", 1.0, 4), ("site-2", 3.0, 6)):
+        agg.accept_model(
+            FLModel(
+                params={
+                    "w": np.full(3, value, np.float32),
+                    "bn.num_batches_tracked": np.array(steps, np.int64),
+                },
+                meta={"client_name": site, "num_samples": 10, "NUM_STEPS_CURRENT_ROUND": 2},
+            )
+        )
+    out = agg.aggregate_model()
+    assert agg.last_weights == {"site-1": 0.5, "site-2": 0.5}
+    assert out.params["w"] == pytest.approx(np.full(3, 2.0))
+    assert out.params["bn.num_batches_tracked"].dtype == np.int64

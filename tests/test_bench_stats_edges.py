@@ -13,12 +13,15 @@ import pytest
 from scipy.optimize import brentq
 
 from fedweigh.bench.stats import (
+    compare,
     friedman_p,
     nemenyi_cd,
     nemenyi_q,
     paired_t_power,
     pooled_power,
+    rank_table,
     seeds_for_power,
+    wilcoxon_p,
 )
 
 
@@ -126,3 +129,46 @@ def test_a_paired_t_test_takes_two_seeds_and_refuses_one():
     assert 0.0 < paired_t_power(1.0, 1.0, 2) < 1.0
     with pytest.raises(ValueError, match=r"^a paired t test needs >= 2 seeds, got 1$"):
         paired_t_power(1.0, 1.0, 1)
+
+
+# ---- rank_table and compare ----------------------------------------------------------------------
+
+
+def test_rank_table_keeps_the_scenarios_as_its_index_and_ranks_missing_scores_last():
+    scores = pd.DataFrame(
+        [[0.7, None, 0.6], [0.5, 0.9, 0.9]], index=["s-a", "s-b"], columns=["x", "y", "z"], dtype=object
+    )  # as read from records: Python objects, None where a cell has no score
+    ranks = rank_table(scores)
+    assert list(ranks.index) == ["s-a", "s-b"] and ranks.dtypes.eq(np.float64).all()
+    assert ranks.loc["s-a"].tolist() == [1.0, 3.0, 2.0] and ranks.loc["s-b"].tolist() == [3.0, 1.5, 1.5]
+
+
+def test_rank_table_and_compare_of_a_table_without_scenarios_are_empty():
+    empty = pd.DataFrame(columns=["x", "y", "z"], dtype=np.float64)
+    assert rank_table(empty).shape == (0, 3) and rank_table(empty).dtypes.eq(np.float64).all()
+    result = compare(empty)
+    assert result.ranks.empty and result.ranks.dtype == np.float64
+    assert result.table is empty and result.p is None and result.cd is None
+    assert result.note.endswith("(here 3 methods, 0 scenarios)")
+
+
+def test_compare_keeps_its_table_and_alpha_and_says_when_friedman_is_undefined():
+    scores = table([[0.7, 0.6, 0.5], [0.8, 0.6, 0.65], [0.9, 0.7, 0.6]])
+    result = compare(scores, alpha=0.1)
+    assert result.table is scores and result.note == ""
+    assert result.cd == nemenyi_cd(3, 3, 0.1) != nemenyi_cd(3, 3)
+    ties = table([[0.5, 0.5, 0.5], [0.6, 0.6, 0.6]])
+    tied = compare(ties)
+    assert tied.table is ties and tied.p is None
+    assert tied.note == "Friedman p undefined: every scenario ranks all methods equal"
+
+
+# ---- wilcoxon_p ------------------------------------------------------------------------------------
+
+
+def test_wilcoxon_leaves_out_missing_and_non_finite_differences():
+    from scipy.stats import wilcoxon
+
+    given = [0.1, None, -0.2, float("nan"), 0.3, 0.05, float("inf"), 0.4]
+    expected = wilcoxon([0.1, -0.2, 0.3, 0.05, 0.4]).pvalue
+    assert wilcoxon_p(given) == pytest.approx(expected, rel=1e-12)

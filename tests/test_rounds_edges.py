@@ -183,11 +183,32 @@ def test_a_stock_fedavg_round_without_a_global_model_runs_with_the_robust_option
 
 def test_the_mean_a_backend_starts_from_keeps_each_arrays_dtype_and_rounds_integers():
     g = global_model()
-    sent = [dict(update(s, g), n=np.array(n, np.int64)) for s, n in zip(SITES[:3], (4, 5, 7), strict=True)]
+    sent = [dict(update(s, g), n=np.array(n, np.int64)) for s, n in zip(SITES[:3], (4, 5, 8), strict=True)]
     backend = PlaintextBackend(None)
     start = backend._start(sent)
     assert start["w"].dtype == np.float32 and start["n"].dtype == np.int64
-    assert int(start["n"]) == 5  # round(16 / 3)
+    assert int(start["n"]) == 6  # round(17 / 3), not its integer part
+
+
+def test_the_mean_a_backend_starts_from_is_taken_in_float64():
+    big = [{"w": np.full(3, 3e38, np.float32)} for _ in range(2)]  # their float32 sum overflows
+    start = PlaintextBackend(None)._start(big)
+    assert start["w"].dtype == np.float32 and np.all(start["w"] == np.float32(3e38))
+
+
+def test_a_proposal_the_backend_cannot_make_is_the_reason_the_round_leaves_the_model():
+    class Refusing(PlaintextBackend):
+        def propose(self, scheme, reports, contributions, weights):
+            raise ValueError("no aggregate of these updates")
+
+    g = global_model()
+    step = RoundStep(get_scheme("fedavg"), Refusing(g), num_rounds=3, log=lambda _: None)
+    outcome = step.run(1, [result(s, update(s, g)) for s in SITES[:3]])
+    assert not outcome.updated
+    assert outcome.reason == (
+        "the aggregate fails the server's check (no aggregate of these updates) and leaving out any one "
+        "site does not mend it"
+    )
 
 
 def test_scale_update_keeps_the_shape_of_a_0d_floating_array():
@@ -438,4 +459,73 @@ def test_a_refused_metric_name_is_logged_with_the_round():
     step.run(3, [result(s, update(s, g), metrics={"weights": 1.0}) for s in SITES[:2]], list(SITES[:2]))
     assert (
         "round 3: site-1: metric 'weights' is refused: the name is reserved for the server's record" in logged
+    )
+
+
+# ---- the plaintext backend's pairing of reports and contributions --------------------------------
+
+
+def test_weigh_and_propose_refuse_reports_and_contributions_of_different_lengths():
+    g = global_model()
+    sent = [update(s, g) for s in SITES[:2]]
+    step = RoundStep(get_scheme("uniform"), PlaintextBackend(g), num_rounds=1)
+    reports = [step.validate(result(s, p))[0] for s, p in zip(SITES[:2], sent, strict=True)]
+    backend = PlaintextBackend(g)
+    with pytest.raises(ValueError):
+        backend.weigh(get_scheme("uniform"), reports[:1], sent, 1, 1)
+    with pytest.raises(ValueError):
+        backend.propose(get_scheme("uniform"), reports[:1], sent, np.array([1.0]))
+
+
+# ---- when a scaled update is logged as a warning -------------------------------------------------
+
+
+class GivenNorms(PlaintextBackend):
+    """A plaintext backend that reports the update norms it was given (one array per update)."""
+
+    def __init__(self, global_params, norms):
+        super().__init__(global_params)
+        self.norms = np.asarray(norms, dtype=np.float64)
+
+    def update_norms(self, contributions):
+        return self.norms
+
+
+def test_an_update_scaled_by_exactly_scaled_report_is_recorded_but_not_warned_about():
+    from fedweigh.server.rounds import SCALED_REPORT
+
+    g = {"w": np.zeros(3)}
+    logged: list[str] = []
+    # site-1's norm 1.0 against the others' median 0.33: the bound 3 x 0.33 = 0.99 = (1 - SCALED_REPORT) x 1.0
+    assert 3.0 * 0.33 == 1.0 - SCALED_REPORT
+    step = RoundStep(
+        get_scheme("uniform"),
+        GivenNorms(g, [[1.0], [0.33], [0.33]]),
+        num_rounds=3,
+        safeguards=Safeguards.off(update_norm_bound=3.0),
+        log=logged.append,
+    )
+    outcome = step.run(1, [result(s, {"w": np.full(3, 0.1 * (i + 1))}) for i, s in enumerate(SITES[:3])])
+    assert list(outcome.bounded) == ["site-1"] and "update norm 1 -> 0.99" in outcome.bounded["site-1"]
+    assert not any("site-1" in line for line in logged)  # a trim of exactly 1% goes to the info log only
+
+
+def test_an_update_too_large_to_measure_counts_as_pointing_nowhere_when_the_others_are_judged():
+    rng = np.random.default_rng(0)
+    g = {"w": np.zeros(20)}
+    sent = {s: {"w": 0.01 + rng.normal(0, 0.002, 20)} for s in SITES[:3]}
+    sent["site-3"] = {"w": -sent["site-3"]["w"]}  # reversed
+    sent["site-4"] = {"w": np.full(20, 1e200)}  # <Delta, Delta> overflows float64
+    step = RoundStep(
+        get_scheme("uniform"),
+        PlaintextBackend(g),
+        num_rounds=3,
+        safeguards=Safeguards.off(min_update_cosine=0.0),
+        log=lambda _: None,
+    )
+    outcome = step.run(1, [result(s, p) for s, p in sent.items()])
+    assert set(outcome.excluded) == {"site-3", "site-4"}
+    # site-3 points away from site-1 and site-2; site-4's update, unmeasurable, objects to nothing
+    assert outcome.excluded["site-3"].startswith(
+        "site-3: its update points away from 2 of the 3 other sites'"
     )
