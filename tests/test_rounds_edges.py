@@ -34,6 +34,19 @@ def update(site: str, g: dict, scale: float = 0.01) -> dict[str, np.ndarray]:
     }
 
 
+def logged_step(g: dict, **options) -> tuple[RoundStep, list[str]]:
+    """A uniform-weight round step over ``g`` with ``Safeguards.off(**options)``, and its log."""
+    logged: list[str] = []
+    step = RoundStep(
+        get_scheme("uniform"),
+        PlaintextBackend(g),
+        num_rounds=3,
+        safeguards=Safeguards.off(**options),
+        log=logged.append,
+    )
+    return step, logged
+
+
 # ---- PlaintextBackend --------------------------------------------------------------------------
 
 
@@ -297,14 +310,7 @@ def test_steps_far_above_the_others_are_bounded_from_above():
 
 def test_the_norm_bound_record_gives_the_norms_of_the_arrays_it_scaled_and_of_the_whole_update():
     g = global_model()
-    logged: list[str] = []
-    step = RoundStep(
-        get_scheme("uniform"),
-        PlaintextBackend(g),
-        num_rounds=3,
-        safeguards=Safeguards.off(update_norm_bound=3.0),
-        log=logged.append,
-    )
+    step, logged = logged_step(g, update_norm_bound=3.0)
     sent = {s: update(s, g) for s in SITES}
     big = dict(sent["site-4"])
     big["w"] = (g["w"] + 20 * (sent["site-4"]["w"] - g["w"])).astype(np.float32)  # only w far above
@@ -328,14 +334,7 @@ def test_the_norm_bound_record_gives_the_norms_of_the_arrays_it_scaled_and_of_th
 
 def test_an_update_whose_norm_overflows_float64_is_left_out_with_a_logged_reason():
     g = {"w": np.zeros((4, 5)), "b": np.zeros(5)}  # float64 arrays can hold updates beyond any norm
-    logged: list[str] = []
-    step = RoundStep(
-        get_scheme("uniform"),
-        PlaintextBackend(g),
-        num_rounds=3,
-        safeguards=Safeguards.off(update_norm_bound=3.0),
-        log=logged.append,
-    )
+    step, logged = logged_step(g, update_norm_bound=3.0)
     sent = {s: {k: v + 0.01 for k, v in g.items()} for s in SITES}
     sent["site-2"] = {k: np.full_like(v, 1.5e308) for k, v in g.items()}
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
@@ -350,14 +349,7 @@ def test_an_update_whose_norm_overflows_float64_is_left_out_with_a_logged_reason
 
 def test_updates_whose_inner_products_overflow_are_left_out_and_the_rest_is_no_majority():
     g = {"w": np.zeros((4, 5)), "b": np.zeros(5)}
-    logged: list[str] = []
-    step = RoundStep(
-        get_scheme("uniform"),
-        PlaintextBackend(g),
-        num_rounds=3,
-        safeguards=Safeguards.off(min_update_cosine=0.0),
-        log=logged.append,
-    )
+    step, logged = logged_step(g, min_update_cosine=0.0)
     sent = {s: {k: v + 0.01 for k, v in g.items()} for s in SITES[:3]}
     for site in ("site-2", "site-3"):  # finite norms (~4.5e200), an infinite <Delta, Delta>
         sent[site] = {k: np.full_like(v, 1e200) for k, v in g.items()}
@@ -375,14 +367,7 @@ def test_updates_whose_inner_products_overflow_are_left_out_and_the_rest_is_no_m
 
 def test_an_update_pointing_away_from_the_others_is_left_out_with_a_logged_reason():
     g = global_model()
-    logged: list[str] = []
-    step = RoundStep(
-        get_scheme("uniform"),
-        PlaintextBackend(g),
-        num_rounds=3,
-        safeguards=Safeguards.off(min_update_cosine=0.0),
-        log=logged.append,
-    )
+    step, logged = logged_step(g, min_update_cosine=0.0)
     sent = {s: update(s, g) for s in SITES}
     sent["site-1"] = {k: (2 * g[k] - v).astype(v.dtype) for k, v in sent["site-1"].items()}  # reversed
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
@@ -398,14 +383,7 @@ def test_an_update_pointing_away_from_the_others_is_left_out_with_a_logged_reaso
 
 def test_a_site_bounded_by_the_norm_bound_and_the_clip_keeps_both_notes_and_each_is_logged():
     g = global_model()
-    logged: list[str] = []
-    step = RoundStep(
-        get_scheme("uniform"),
-        PlaintextBackend(g),
-        num_rounds=3,
-        safeguards=Safeguards.off(update_norm_bound=3.0, clip_norm=0.05),
-        log=logged.append,
-    )
+    step, logged = logged_step(g, update_norm_bound=3.0, clip_norm=0.05)
     sent = {s: update(s, g) for s in SITES}
     sent["site-4"] = update("site-4", g, scale=1.0)
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
@@ -418,14 +396,7 @@ def test_a_site_bounded_by_the_norm_bound_and_the_clip_keeps_both_notes_and_each
 
 def test_multi_krum_logs_the_sites_it_leaves_out():
     g = global_model()
-    logged: list[str] = []
-    step = RoundStep(
-        get_scheme("uniform"),
-        PlaintextBackend(g),
-        num_rounds=3,
-        safeguards=Safeguards.off(krum_f=1),
-        log=logged.append,
-    )
+    step, logged = logged_step(g, krum_f=1)
     sent = {s: update(s, g) for s in SITES}
     sent["site-3"] = update("site-3", g, scale=0.5)
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
