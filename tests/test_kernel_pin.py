@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FINGERPRINT = ROOT / "docs" / "results" / "engine" / "fingerprint.json"
 MEASURED = sorted((ROOT / "docs" / "results" / "engine").glob("kernel-pin*.json"))
 #: How far another processor's pinned cell may lie from a recorded one: relative, on the losses, and
-#: absolute, on the test AUC (measured between two processors: 1.2e-5 and 0.0016; docs/bench.md).
-LOSS_RELATIVE, TEST_AUC_ABSOLUTE = 1e-3, 0.01
+#: absolute, on the test AUC. Measured between three processors: up to 6.8e-4 and 0.022; between a pinned and
+#: an unpinned cell on one processor: 1.5e-3 and 0.024 (docs/bench.md). The losses tell a cell run without
+#: the pin apart; the test AUC of this small cell only a grossly different one.
+LOSS_RELATIVE, TEST_AUC_ABSOLUTE = 1e-3, 0.05
 
 
 def test_pinned_env_adds_the_pins_keeps_the_users_values_and_native_turns_them_off():
@@ -136,13 +138,13 @@ def test_the_tolerance_tells_two_processors_apart_from_a_different_cell():
     assert entries[0]["rows"] != entries[1]["rows"]  # the two processors differ in the last bits
     assert not _far_apart(entries[0], entries[1]) and not _far_apart(entries[1], entries[0])
     moved = json.loads(json.dumps(entries[1]))
-    moved["rows"][-1]["test_auc"] = (float.fromhex(moved["rows"][-1]["test_auc"]) + 0.011).hex()
+    moved["rows"][-1]["test_auc"] = (float.fromhex(entries[0]["rows"][-1]["test_auc"]) + 0.051).hex()
     assert _far_apart(moved, entries[0]) == [
         f"round 2 test_auc: {float.fromhex(moved['rows'][-1]['test_auc'])} "
         f"against {float.fromhex(entries[0]['rows'][-1]['test_auc'])}"
     ]
     moved = json.loads(json.dumps(entries[1]))
-    moved["rows"][0]["train_loss"] = (float.fromhex(moved["rows"][0]["train_loss"]) * 1.0011).hex()
+    moved["rows"][0]["train_loss"] = (float.fromhex(entries[0]["rows"][0]["train_loss"]) * 1.0011).hex()
     assert [line.split(":")[0] for line in _far_apart(moved, entries[0])] == ["round 0 train_loss"]
 
 
