@@ -4,6 +4,7 @@
     make mutation MODULES=custom/fedweigh/schedules.py        # one module (a folder: each of its modules)
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py report   # the report from the last runs
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py try MUTANT... --tests tests/x.py::test_y
+    PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py recheck custom/fedweigh/bench/stats.py
 
 ``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module (``--jobs N``: N mutants at
 once), at low priority, and then writes the report. mutmut (3.x) names a mutant after its file's path,
@@ -33,10 +34,15 @@ not yet named). A report rebuilt where a
 run module has no meta file (a fresh clone) keeps that module's last record, with the verdicts of
 ``verdicts.json``.
 
+``recheck`` runs the survivors of a module's last run that are not decided equivalent through mutmut
+again (``mutmut run NAME...``), on the file the run mutated: a survivor a test was written for since
+then, and that mutmut's own run now catches, counts as caught (``after["rechecked"]`` records when and
+which), without rerunning the rest of the module.
+
 ``try`` runs named tests against named mutants of the last run (``MUTANT_UNDER_TEST`` with the mutated
 copy first on the path; ``custom/`` is never touched) and, for each mutant the tests fail on while they
 pass with no mutant, records ``killed by <the failing test>`` as its verdict: the verdict is measured,
-and the module's next ``run`` confirms it.
+and the module's next ``run`` or ``recheck`` confirms it.
 """
 
 from __future__ import annotations
@@ -229,6 +235,83 @@ def run(modules: list[str], nice: int, resume: bool = False, jobs: int = 1) -> d
     return dict.fromkeys(modules, seconds)
 
 
+def recheck(module: str, nice: int, jobs: int = 1) -> dict:
+    """Run the undecided survivors of ``module``'s last record through mutmut again (``mutmut run NAME...``,
+    mutmut's own choice of tests), for survivors a test was written for since the run; the record's
+    score then counts the ones caught. The other mutants' results stand as the run measured them, so the
+    file must be the one the run mutated (its sha256). Recorded in ``after["rechecked"]``; a survivor the
+    recheck does not catch keeps its place, its verdict back to ``open`` if it named a killing test."""
+    payload = _load(SCORE_JSON, {})
+    entry = payload.get("modules", {}).get(module)
+    if not was_run(entry):
+        raise SystemExit(f"{module}: no measured run to recheck; run `make mutation MODULES={module}`")
+    if entry["after"]["sha256"] != file_sha256(module):
+        raise SystemExit(f"{module}: changed since its last run; run `make mutation MODULES={module}` again")
+    names = [s["mutant"] for s in entry["survivors"] if not s["verdict"].startswith("equivalent: ")]
+    if not names:
+        print(f"{module}: every survivor is decided equivalent; nothing to recheck")
+        return entry
+    stage()
+    command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", str(jobs), *names]
+    print(f"{module}: rechecking {len(names)} survivors", flush=True)
+    log = STAGE / "logs" / (import_name(module) + ".recheck.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log, "w") as out:
+        done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
+    seconds = round(time.monotonic() - start, 1)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"mutmut stopped on the recheck of {module} (exit {done.returncode}):\n"
+            + log.read_text(errors="replace")[-3000:]
+        )
+    codes = json.loads(meta_path(module).read_text())["exit_code_by_key"]
+    verdicts = _load(VERDICTS, {})
+    after, kept, caught = entry["after"], [], []
+    for survivor in entry["survivors"]:
+        status = _status(codes.get(survivor["mutant"])) if survivor["mutant"] in names else None
+        if status in CAUGHT:
+            after["counts"][survivor["status"].replace(" ", "_")] -= 1
+            after["counts"][status] = after["counts"].get(status, 0) + 1
+            after["counts"]["caught"] += 1
+            caught.append({k: survivor[k] for k in ("mutant", "diff", "verdict")} | {"status": status})
+            continue
+        if status is not None and survivor["verdict"].startswith("killed by"):
+            print(f"{survivor['mutant']}: {status} in the recheck, though {survivor['verdict']}", flush=True)
+            survivor["verdict"] = "open"
+            verdicts[survivor["mutant"]]["verdict"] = "open"
+        if status is not None:  # still not caught, perhaps differently (e.g. no tests before, survived now)
+            after["counts"][survivor["status"].replace(" ", "_")] -= 1
+            key = status.replace(" ", "_")
+            after["counts"][key] = after["counts"].get(key, 0) + 1
+            survivor["status"] = status
+        kept.append(survivor)
+    after["counts"] = {k: v for k, v in after["counts"].items() if v or k in ("total", "caught")}
+    after["score"] = score(after["counts"])
+    after["survivors"] = [s["mutant"] for s in kept]
+    after.setdefault("rechecked", []).append(
+        {
+            "at": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "seconds": seconds,
+            "mutants": len(names),
+            "caught": [s["mutant"] for s in caught],
+        }
+    )
+    entry["survivors"] = kept
+    first = set(entry["before"]["survivors"])
+    known = {c["mutant"] for c in entry["caught_since_before"]}
+    entry["caught_since_before"] += [
+        {k: s[k] for k in ("mutant", "diff", "verdict")} for s in caught if s["mutant"] in first - known
+    ]
+    payload["modules"][module] = _with_status(entry)
+    atomic_write_json(SCORE_JSON, payload, private=False, indent=1, sort_keys=False)
+    atomic_write_json(VERDICTS, dict(sorted(verdicts.items())), private=False, indent=1)
+    atomic_write_text(SCORE_MD, markdown(payload), private=False)
+    _update_testing_page(payload)
+    print(f"{module}: {len(caught)} of {len(names)} caught in {seconds:.0f} s; score {after['score']}%")
+    return entry
+
+
 def _status(code: int | None) -> str:
     from mutmut.stats import status_by_exit_code
 
@@ -294,6 +377,8 @@ def module_result(
     before = previous["before"] if was_run(previous) else after
     if not fresh and was_run(previous):
         after["run_at"] = previous["after"]["run_at"]  # the report rebuilt, not rerun
+        if "rechecked" in previous["after"]:  # the meta file holds the rechecks' results: their record stays
+            after["rechecked"] = previous["after"]["rechecked"]
     # survivors of the first run that a later run caught: their verdict names the test that kills them;
     # a survivor whose line was rewritten since (its name now means another change, or no longer
     # exists) is listed apart: the mutant is gone, and the rewritten code's own mutants are in ``after``
@@ -445,6 +530,12 @@ def markdown(payload: dict) -> str:
         ):
             continue
         lines += [f"## `{module}`", "", f"sha256 `{entry['after']['sha256']}`", ""]
+        for r in entry["after"].get("rechecked", []):
+            lines += [
+                f"Rechecked {r['at']} (`mutation_score.py recheck`, {r['seconds']:.0f} s): "
+                f"{len(r['caught'])} of its {r['mutants']} undecided survivors caught.",
+                "",
+            ]
         for group, title in (
             ("caught_since_before", "caught since the first run"),
             ("rewritten_since_before", "rewritten since the first run"),
@@ -546,7 +637,7 @@ def try_mutants(mutants: list[str], tests: list[str], nice: int) -> dict[str, li
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("action", choices=("run", "report", "slow-check", "try"))
+    parser.add_argument("action", choices=("run", "report", "slow-check", "try", "recheck"))
     parser.add_argument("modules", nargs="*", help="modules or folders from the project root (default: all)")
     parser.add_argument(
         "--together", action="store_true", help="one mutmut run for all the modules (its set-up once)"
@@ -583,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
         stage()
         slow_check(expand(args.modules)[0], args.tests, args.controls, args.nice)
         return 0
+    elif args.action == "recheck":
+        for module in expand(args.modules):
+            recheck(module, args.nice, args.jobs)
     elif args.action == "try":
         if not args.modules or not args.tests:
             parser.error("try takes mutant names and --tests")

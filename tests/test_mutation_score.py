@@ -218,3 +218,117 @@ def test_try_reads_failed_erred_and_uncollectable_tests_from_pytests_summary():
     assert SCORE.failed_tests("5 passed in 0.1s") == []
     assert KILLED_BY.fullmatch(f"killed by tests/test_c.py {SCORE.IMPORT_FAILS}")
     assert not KILLED_BY.fullmatch("killed by tests/test_c.py")
+
+
+def _recheck_setting(tmp_path, monkeypatch, module: str, codes: dict[str, int]) -> tuple[dict, list]:
+    """A record of ``module`` with 8 caught and 3 survivors (one equivalent, two with a killing test named),
+    in a results folder under ``tmp_path``; mutmut's run replaced by one that writes ``codes`` to the meta
+    file and records its command."""
+    mutant = (SCORE.import_name(module) + ".x_f__mutmut_{}").format
+    survivors = [
+        {
+            "mutant": mutant(1),
+            "status": "survived",
+            "diff": "-a\n+b",
+            "verdict": "equivalent: no test sees it",
+        },
+        {
+            "mutant": mutant(2),
+            "status": "survived",
+            "diff": "-c\n+d",
+            "verdict": "killed by tests/test_x.py::t",
+        },
+        {
+            "mutant": mutant(3),
+            "status": "no tests",
+            "diff": "-e\n+f",
+            "verdict": "killed by tests/test_x.py::u",
+        },
+    ]
+    counts = {"killed": 7, "timeout": 1, "survived": 2, "no_tests": 1, "total": 11, "caught": 8}
+    after = {
+        "sha256": SCORE.file_sha256(module),
+        "run_at": "2026-12-01T00:00:00Z",
+        "seconds": 10.0,
+        "mutant_seconds": 5.0,
+        "counts": counts,
+        "score": 72.7,
+        "survivors": [s["mutant"] for s in survivors],
+    }
+    entry = {
+        "status": SCORE.RUN_OPEN,
+        "before": json.loads(json.dumps(after)),
+        "after": after,
+        "survivors": survivors,
+        "caught_since_before": [],
+        "rewritten_since_before": [],
+    }
+    verdicts = {
+        s["mutant"]: {"module": module, "diff": s["diff"], "verdict": s["verdict"]} for s in survivors
+    }
+    header = {k: v for k, v in REPORT.items() if k != "modules"}
+    (tmp_path / "score.json").write_text(json.dumps(header | {"modules": {module: entry}}))
+    (tmp_path / "verdicts.json").write_text(json.dumps(verdicts))
+    (tmp_path / "testing.md").write_text("")
+    for name in ("SCORE_JSON", "VERDICTS"):
+        monkeypatch.setattr(SCORE, name, tmp_path / getattr(SCORE, name).name)
+    monkeypatch.setattr(SCORE, "SCORE_MD", tmp_path / "score.md")
+    monkeypatch.setattr(SCORE, "TESTING_MD", tmp_path / "testing.md")
+    monkeypatch.setattr(SCORE, "STAGE", tmp_path / "stage")
+    monkeypatch.setattr(SCORE, "MUTANTS", tmp_path / "stage" / "mutants")
+    monkeypatch.setattr(SCORE, "stage", lambda: None)
+    commands = []
+
+    def mutmut_run(command, **_):
+        commands.append(command)
+        SCORE.meta_path(module).parent.mkdir(parents=True, exist_ok=True)
+        SCORE.meta_path(module).write_text(json.dumps({"exit_code_by_key": codes}))
+        return SCORE.subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(SCORE.subprocess, "run", mutmut_run)
+    return entry, commands
+
+
+def test_a_recheck_counts_the_survivors_mutmut_now_catches_and_reopens_a_kill_it_does_not_confirm(
+    tmp_path, monkeypatch
+):
+    module = "custom/fedweigh/schedules.py"
+    name = (SCORE.import_name(module) + ".x_f__mutmut_{}").format
+    entry, commands = _recheck_setting(tmp_path, monkeypatch, module, {name(1): 0, name(2): 1, name(3): 0})
+    got = SCORE.recheck(module, nice=15, jobs=2)
+    assert len(commands) == 1 and commands[0][-2:] == [name(2), name(3)]  # not the equivalent one
+    assert commands[0][commands[0].index("--max-children") + 1] == "2"
+    assert got["after"]["counts"] == {"killed": 8, "timeout": 1, "survived": 2, "total": 11, "caught": 9}
+    assert got["after"]["score"] == 81.8 and got["before"] == entry["before"]
+    assert got["after"]["survivors"] == [name(1), name(3)] == [s["mutant"] for s in got["survivors"]]
+    assert got["survivors"][1]["status"] == "survived" and got["survivors"][1]["verdict"] == "open"
+    assert got["caught_since_before"] == [
+        {"mutant": name(2), "diff": "-c\n+d", "verdict": "killed by tests/test_x.py::t"}
+    ]
+    assert got["after"]["rechecked"][0]["mutants"] == 2
+    assert got["after"]["rechecked"][0]["caught"] == [name(2)]
+    assert got["status"] == SCORE.RUN_OPEN  # name(3) is open again
+    saved = json.loads((tmp_path / "score.json").read_text())["modules"][module]
+    assert saved == got
+    assert json.loads((tmp_path / "verdicts.json").read_text())[name(3)]["verdict"] == "open"
+    assert "81.8%" in (tmp_path / "score.md").read_text()
+    assert "1 of its 2 undecided survivors caught" in (tmp_path / "score.md").read_text()
+
+
+def test_a_recheck_that_catches_every_undecided_survivor_leaves_the_module_run(tmp_path, monkeypatch):
+    module = "custom/fedweigh/schedules.py"
+    name = (SCORE.import_name(module) + ".x_f__mutmut_{}").format
+    _recheck_setting(tmp_path, monkeypatch, module, {name(1): 0, name(2): 1, name(3): 36})
+    got = SCORE.recheck(module, nice=15)
+    assert got["after"]["counts"] == {"killed": 8, "timeout": 2, "survived": 1, "total": 11, "caught": 10}
+    assert got["status"] == SCORE.RUN and [s["mutant"] for s in got["survivors"]] == [name(1)]
+
+
+def test_a_recheck_refuses_a_module_changed_since_its_run(tmp_path, monkeypatch):
+    module = "custom/fedweigh/schedules.py"
+    entry, commands = _recheck_setting(tmp_path, monkeypatch, module, {})
+    entry["after"]["sha256"] = "0" * 64
+    (tmp_path / "score.json").write_text(json.dumps({"modules": {module: entry}}))
+    with pytest.raises(SystemExit, match="changed since its last run"):
+        SCORE.recheck(module, nice=15)
+    assert not commands
