@@ -134,6 +134,41 @@ def test_a_survivor_caught_later_names_an_existing_test_that_kills_it():
             assert _names_a_test(item["verdict"]), item["verdict"]
 
 
+def _is_slow(source: str, test: str | None) -> bool:
+    """Whether the test of ``source`` (with no name: the test module) is marked slow, itself or its module."""
+    if re.search(r"^pytestmark = .*mark\.slow", source, re.M):
+        return True
+    if test is None:
+        return False
+    match = re.search(rf"((?:^@.*\n)*)^def {test}\(", source, re.M)
+    return bool(match) and "mark.slow" in match.group(1)
+
+
+def test_every_kill_on_record_is_by_a_fast_test():
+    """The fast suite catches what the report says is caught: each survivor a later test kills names one
+    that ``make test-fast`` runs (not marked slow), so the slow suite catches nothing beyond it there."""
+    for module, entry in MEASURED.items():
+        for item in entry["survivors"] + entry["caught_since_before"]:
+            match = KILLED_BY.fullmatch(item["verdict"])
+            if match:
+                path, test = match.groups()
+                assert not _is_slow((ROOT / path).read_text(), test), (
+                    module,
+                    item["mutant"],
+                    item["verdict"],
+                )
+
+
+def test_the_slow_marker_is_read_from_a_test_and_from_its_module():
+    bench = (ROOT / "tests" / "test_bench.py").read_text()
+    assert _is_slow(bench, "test_process_pool_gives_the_serial_results_on_digits")
+    assert not _is_slow(bench, "test_engine_layout_keeps_every_core_busy")
+    assert "def test_engine_layout_keeps_every_core_busy(" in bench
+    module = "import pytest\n\npytestmark = pytest.mark.slow\n\n\ndef test_a():\n    pass\n"
+    assert _is_slow(module, "test_a") and _is_slow(module, None)
+    assert not _is_slow(module.replace("mark.slow", "mark.timeout(9)"), "test_a")
+
+
 def test_score_md_and_the_testing_page_show_the_committed_scores():
     assert (RESULTS / "score.md").read_text() == SCORE.markdown(REPORT)
     assert SCORE.table(REPORT) in (ROOT / "docs" / "testing.md").read_text()
