@@ -153,6 +153,9 @@ MUTATION_RUN_LEFT_OUT = (
     "tests/test_poc.py::test_export_modes_exclude_each_other",
     "tests/test_backbones.py::test_bench_runs_a_method_on_the_network_asked_for[densenet121]",
     "tests/test_bench.py::test_rerun_skips_finished_cells",
+    # the tests of test_bench.py's ``smoke`` fixture: their calls take under a second, but the fixture (a
+    # smoke bench run, 15 s) is set up again for each mutant that reaches them, once per module visit
+    "tests/test_bench.py::test_smoke_",
     "tests/test_augment_option.py::test_augmented_training_sees_augmented_batches",
     "tests/test_io.py::test_every_file_the_package_writes_goes_through_io",
     "tests/test_scenario_file.py::test_a_file_scenario_runs_in_the_bench_under_its_name",
