@@ -357,13 +357,18 @@ class Federation:
         psutil.wait_procs(survivors, timeout=grace)
         return [own.name for own, _ in alive]
 
-    def wait_until_ended(self, timeout: float) -> list[str]:
-        """Wait up to ``timeout`` seconds for every owned process to end by itself; the names still alive."""
+    def wait_until_ended(self, timeout: float, sites_only: bool = False) -> list[str]:
+        """Wait up to ``timeout`` seconds for every owned process (``sites_only``: every process of a site
+        and its jobs) to end by itself; the names still alive."""
         deadline = time.monotonic() + timeout
         while True:
             self.track()
             with self._lock:
-                alive = [own.name for own in self.owned.values() if own.alive() is not None]
+                alive = [
+                    own.name
+                    for own in self.owned.values()
+                    if own.alive() is not None and not (sites_only and own.name.split("/")[0] == self.server)
+                ]
             if not alive or time.monotonic() > deadline:
                 return alive
             time.sleep(1.0)

@@ -106,6 +106,7 @@ class PocRun:
     wall: dict[str, float] = field(default_factory=dict)
     console: dict[str, str] = field(default_factory=dict)  # what the admin console printed, by step
     still_running_after_shutdown: list[str] = field(default_factory=list)
+    sites_running_after_shutdown: list[str] = field(default_factory=list)
 
 
 def _export_jobs(out: Path) -> dict[str, Path]:
@@ -285,12 +286,20 @@ def poc(tmp_path_factory):
             with contextlib.suppress(Exception):
                 sess.close()
         sessions.clear()
-        run.console["shutdown"] = admin_console(
-            prod / PROJECT_ADMIN,
-            PROJECT_ADMIN,
-            ["shutdown client", PROJECT_ADMIN, "shutdown server", PROJECT_ADMIN, "bye"],
-            cli_env,
+        # the server refuses `shutdown server` while a site is still connected ("There are still active
+        # clients"), so the operator waits for the sites to go (docs/deploy.md) before the second command
+        clients = admin_console(
+            prod / PROJECT_ADMIN, PROJECT_ADMIN, ["shutdown client", PROJECT_ADMIN], cli_env
         )
+        run.sites_running_after_shutdown = fed.wait_until_ended(timeout=90, sites_only=True)
+        for _ in range(6):  # as docs/deploy.md says: repeated while the server still counts a site
+            server = admin_console(
+                prod / PROJECT_ADMIN, PROJECT_ADMIN, ["shutdown server", PROJECT_ADMIN], cli_env
+            )
+            if "There are still active clients" not in server:
+                break
+            time.sleep(5.0)
+        run.console["shutdown"], run.console["shutdown server"] = clients + server, server
         run.still_running_after_shutdown = fed.wait_until_ended(timeout=90)
         run.wall["shut_down"] = time.monotonic() - start
         yield run
@@ -591,6 +600,8 @@ def test_admin_console_commands_of_the_deployment_guide(poc):
         assert poc.jobs[name]["job_id"] in status
     # shutting the sites and then the server down from the console ended every process of the federation
     assert "Confirm with User Name" in poc.console["shutdown"]
+    assert poc.sites_running_after_shutdown == [], poc.console["shutdown"][-3000:]
+    assert "There are still active clients" not in poc.console["shutdown server"]  # its last answer
     assert poc.still_running_after_shutdown == [], poc.console["shutdown"][-3000:]
 
 
