@@ -220,11 +220,7 @@ def run(modules: list[str], nice: int, resume: bool = False, jobs: int = 1) -> d
     command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", str(jobs), *names]
     print(f"{' '.join(with_mutants)}: {' '.join(command[3:])}", flush=True)
     log = STAGE / "logs" / (names[0].removesuffix(".x*") + ".log")
-    log.parent.mkdir(exist_ok=True)
-    start = time.monotonic()
-    with open(log, "w") as out:  # mutmut's own output, followed while it runs
-        done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
-    seconds = round(time.monotonic() - start, 1)
+    done, seconds = _mutmut(command, log)
     if done.returncode != 0:  # the report keeps what was measured; a module not finished stays "not yet run"
         tail = log.read_text(errors="replace")[-3000:]
         print(
@@ -233,6 +229,22 @@ def run(modules: list[str], nice: int, resume: bool = False, jobs: int = 1) -> d
         return None
     print(f"{' '.join(with_mutants)}: {seconds:.0f} s", flush=True)
     return dict.fromkeys(modules, seconds)
+
+
+def _mutmut(command: list[str], log: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """Run a mutmut command in the stage, its output in ``log`` (followed while it runs); (done, seconds)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log, "w") as out:
+        done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
+    return done, round(time.monotonic() - start, 1)
+
+
+def _recount(counts: dict[str, int], old: str, new: str) -> None:
+    """Move one mutant from status ``old`` to ``new`` in a report's counts (keys: statuses, ``_`` for spaces)."""
+    counts[old.replace(" ", "_")] -= 1
+    key = new.replace(" ", "_")
+    counts[key] = counts.get(key, 0) + 1
 
 
 def recheck(module: str, nice: int, jobs: int = 1) -> dict:
@@ -255,11 +267,7 @@ def recheck(module: str, nice: int, jobs: int = 1) -> dict:
     command = ["nice", "-n", str(nice), str(MUTMUT), "run", "--max-children", str(jobs), *names]
     print(f"{module}: rechecking {len(names)} survivors", flush=True)
     log = STAGE / "logs" / (import_name(module) + ".recheck.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    with open(log, "w") as out:
-        done = subprocess.run(command, cwd=STAGE, env=run_env(), stdout=out, stderr=subprocess.STDOUT)
-    seconds = round(time.monotonic() - start, 1)
+    done, seconds = _mutmut(command, log)
     if done.returncode != 0:
         raise SystemExit(
             f"mutmut stopped on the recheck of {module} (exit {done.returncode}):\n"
@@ -271,8 +279,7 @@ def recheck(module: str, nice: int, jobs: int = 1) -> dict:
     for survivor in entry["survivors"]:
         status = _status(codes.get(survivor["mutant"])) if survivor["mutant"] in names else None
         if status in CAUGHT:
-            after["counts"][survivor["status"].replace(" ", "_")] -= 1
-            after["counts"][status] = after["counts"].get(status, 0) + 1
+            _recount(after["counts"], survivor["status"], status)
             after["counts"]["caught"] += 1
             caught.append({k: survivor[k] for k in ("mutant", "diff", "verdict")} | {"status": status})
             continue
@@ -281,9 +288,7 @@ def recheck(module: str, nice: int, jobs: int = 1) -> dict:
             survivor["verdict"] = "open"
             verdicts[survivor["mutant"]]["verdict"] = "open"
         if status is not None:  # still not caught, perhaps differently (e.g. no tests before, survived now)
-            after["counts"][survivor["status"].replace(" ", "_")] -= 1
-            key = status.replace(" ", "_")
-            after["counts"][key] = after["counts"].get(key, 0) + 1
+            _recount(after["counts"], survivor["status"], status)
             survivor["status"] = status
         kept.append(survivor)
     after["counts"] = {k: v for k, v in after["counts"].items() if v or k in ("total", "caught")}

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
-from test_bench_stats import _multilabel, _store
+from test_bench_stats import _multilabel, _record, _store
 
 from fedweigh.bench import effects
 from fedweigh.bench.effects import (
@@ -82,8 +82,6 @@ def _run(tmp_path, methods=METHODS, seeds=SEEDS, scenario="sc", store=True):
             if store:
                 records.append(_store(tmp_path, scenario, method, seed, scores, labels, aucs=aucs))
             else:
-                from test_bench_stats import _record
-
                 records.append(_record(scenario, method, seed, list(aucs), len(aucs) - 1))
             cells[(scenario, method, seed)] = (scores, labels)
     return records, cells
