@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.fedweigh-dev-installed
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_CPU = $(if $(filter 1,$(CPU)),$(PY) -m pip install -q --disable-pip-version-check --index-url $(TORCH_CPU_INDEX) "torch>=2.4",@:)
 
-.PHONY: setup dev demo test test-fast mutation lint jobs clean
+.PHONY: setup dev demo test test-fast mutation mutation-stale lint jobs clean
 
 setup: $(STAMP)
 
@@ -42,10 +42,14 @@ test-fast: dev
 	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder -m "not slow"
 
 # mutation score of the core modules against the fast tests (docs/testing.md, "Mutation testing"); not part
-# of `make test`. MODULES= one or more modules or folders (default: every module of [tool.mutmut] only_mutate)
+# of `make test`. First says which committed scores a change made stale (`make mutation-stale` alone).
+# MODULES= one or more modules or folders (default: every module of [tool.mutmut] only_mutate)
 MODULES ?=
-mutation: dev
+mutation: dev mutation-stale
 	PYTHONPATH=custom $(PY) benchmarks/mutation_score.py run $(MODULES)
+
+mutation-stale: dev
+	PYTHONPATH=custom $(PY) benchmarks/mutation_score.py stale
 
 lint: dev
 	$(VENV)/bin/ruff check .

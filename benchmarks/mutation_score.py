@@ -5,6 +5,7 @@
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py report   # the report from the last runs
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py try MUTANT... --tests tests/x.py::test_y
     PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py recheck custom/fedweigh/bench/stats.py
+    PYTHONPATH=custom .venv/bin/python benchmarks/mutation_score.py stale    # which scores a change made stale
 
 ``run`` runs ``mutmut run --max-children 1 <module>.x*`` once per module (``--jobs N``: N mutants at
 once), at low priority, and then writes the report. mutmut (3.x) names a mutant after its file's path,
@@ -33,6 +34,10 @@ equivalent nor caught by a run yet, or a survivor of the first run caught since 
 not yet named). A report rebuilt where a
 run module has no meta file (a fresh clone) keeps that module's last record, with the verdicts of
 ``verdicts.json``.
+
+``stale`` lists the measured modules whose file changed since their run (its sha256 differs from the
+one recorded), each with the command that measures it again; ``make mutation`` prints it before it runs.
+A stale score is a reason to rerun, not a failure: ``make test`` does not check it.
 
 ``recheck`` runs the survivors of a module's last run that are not decided equivalent through mutmut
 again (``mutmut run NAME...``), on the file the run mutated: a survivor a test was written for since
@@ -140,6 +145,26 @@ def import_name(module: str) -> str:
 
 def file_sha256(module: str) -> str:
     return hashlib.sha256((ROOT / module).read_bytes()).hexdigest()
+
+
+def stale_modules(payload: dict) -> dict[str, str]:
+    """The measured modules whose file changed since their score was measured: module -> the command
+    that measures it again. A stale score describes an older file; it is no failure of the code."""
+    return {
+        module: f"make mutation MODULES={module}"
+        for module, entry in payload.get("modules", {}).items()
+        if was_run(entry) and (not (ROOT / module).is_file() or entry["after"]["sha256"] != file_sha256(module))
+    }
+
+
+def print_stale(payload: dict) -> dict[str, str]:
+    """Print which scores are stale (the modules changed since their run) and how to refresh each."""
+    stale = stale_modules(payload)
+    if not stale:
+        print("mutation scores: every measured module is as it was when its score was measured")
+    for module, command in stale.items():
+        print(f"mutation score of {module} is stale (the file changed since its run): {command}")
+    return stale
 
 
 def _link(link: Path, target: Path) -> None:
@@ -642,7 +667,7 @@ def try_mutants(mutants: list[str], tests: list[str], nice: int) -> dict[str, li
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("action", choices=("run", "report", "slow-check", "try", "recheck"))
+    parser.add_argument("action", choices=("run", "report", "slow-check", "try", "recheck", "stale"))
     parser.add_argument("modules", nargs="*", help="modules or folders from the project root (default: all)")
     parser.add_argument(
         "--together", action="store_true", help="one mutmut run for all the modules (its set-up once)"
@@ -661,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
         "--controls", nargs="*", default=[], help="slow-check: caught mutants run as controls"
     )
     args = parser.parse_intermixed_args(argv)
+    if args.action == "stale":
+        print_stale(_load(SCORE_JSON, {}))
+        return 0
     if args.action == "run":
         modules = expand(args.modules)
         groups = [modules] if args.together else [[module] for module in modules]
