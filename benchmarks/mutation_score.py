@@ -153,7 +153,8 @@ def stale_modules(payload: dict) -> dict[str, str]:
     return {
         module: f"make mutation MODULES={module}"
         for module, entry in payload.get("modules", {}).items()
-        if was_run(entry) and (not (ROOT / module).is_file() or entry["after"]["sha256"] != file_sha256(module))
+        if was_run(entry)
+        and (not (ROOT / module).is_file() or entry["after"]["sha256"] != file_sha256(module))
     }
 
 
