@@ -101,6 +101,31 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FEDWEIGH_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "test-data"))
 
 
+@pytest.fixture
+def sim_keys(tmp_path, monkeypatch):
+    """Simulation keys (they hold a secret key too) in the environment; the working folder in tmp_path."""
+    from fedweigh.secure.contexts import CONTEXT_DIR_ENV, make_context, save_context_files
+
+    ctx = make_context()
+    save_context_files(tmp_path / "keys", ctx, simulation=True)
+    monkeypatch.setenv(CONTEXT_DIR_ENV, str(tmp_path / "keys"))
+    monkeypatch.chdir(tmp_path)
+    return ctx
+
+
+@pytest.fixture
+def exact_statistics_policy(tmp_path, monkeypatch):
+    """This process's site policy for one test: the simulation default with exact label statistics
+    (``statistics_epsilon`` null), for tests that compare what a site reports with the exact figures."""
+    from fedweigh.protocol import SITE_POLICY_ENV
+    from fedweigh.site.policy import PERMISSIVE_DEFAULT
+
+    policy = tmp_path / "exact_statistics_policy.json"
+    policy.write_text(json.dumps({**PERMISSIVE_DEFAULT.as_dict(), "statistics_epsilon": None}))
+    monkeypatch.setenv(SITE_POLICY_ENV, str(policy))
+    return policy
+
+
 @pytest.fixture(scope="session")
 def simulator():
     """Run a recipe through `nvflare simulator` (as a user would) and return the server's metric rows."""

@@ -7,13 +7,19 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from fedweigh.cli import find_server_app_dir, simulator_command
+from fedweigh.protocol import SITE_POLICY_ENV
 from fedweigh.server.records import load_rows
 from fedweigh.site.args import ClientArgs
+from fedweigh.site.policy import PERMISSIVE_DEFAULT
+
+#: The simulated sites' policy in these tests: the simulation default with exact label statistics.
+EXACT_STATISTICS = replace(PERMISSIVE_DEFAULT, statistics_epsilon=None, source="tests: exact statistics")
 
 #: The tiny SynthCXR setting of the simulator tests: two sites of ``quantity-a0.3`` over 300 images hold 112
 #: and 72 training images, so size-based weights are not 1/2; max_steps fixes 3 local steps at both; one
@@ -75,7 +81,16 @@ def run_recipe_in_simulator(
     if prepare is not None:
         prepare(job_dir)
     workspace = tmp_path / "ws"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # the sites' policy unless the caller names one: the simulation default with exact label statistics
+    # (statistics_epsilon null), the configuration the plaintext references and bench parity compare with
+    policy = tmp_path / "exact_statistics_policy.json"
+    policy.write_text(json.dumps({**PERMISSIVE_DEFAULT.as_dict(), "statistics_epsilon": None}))
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        **({} if SITE_POLICY_ENV in os.environ else {SITE_POLICY_ENV: str(policy)}),
+        **(env or {}),
+    }
     cmd = simulator_command(job_dir, workspace, n_clients)
     # a session of its own: the simulator's processes end their whole process group when something
     # goes wrong, which must not take the test process with them
@@ -125,7 +140,8 @@ def plaintext_reference(
     trainers = []
     for name in [f"site-{k + 1}" for k in range(sites)]:
         site, test, _ = resolve_site_data(name, client)
-        trainers.append(SiteTrainer(site, test, client, threads=1))
+        # exact label statistics, as the simulated sites' policy (run_recipe_in_simulator)
+        trainers.append(SiteTrainer(site, test, client, threads=1, policy=EXACT_STATISTICS))
     if global_stats:
         total = sum(statistics_vector(t.class_counts, len(t.site.train)) for t in trainers)
         for t in trainers:

@@ -31,6 +31,7 @@ def _bench_rows(method: str) -> list[dict]:
         batch_size=TINY.batch_size,
         threads=1,
         safeguards="deploy",  # the simulator's controller runs with its defaults
+        exact_statistics=True,  # as the simulated sites' policy (simulation.run_recipe_in_simulator)
     )
     record, _, _ = run_cell(config, TINY.scenario, method, TINY.seed)
     return record["rows"]

@@ -29,7 +29,7 @@ def _task(scheme: str, scheme_args: dict | None = None, params=None):
     return SimpleNamespace(meta={META_PLAN: step.plan(scheme, scheme_args or {})}, params=params)
 
 
-def test_result_meta_reports_what_the_scheme_asks_for():
+def test_result_meta_reports_what_the_scheme_asks_for(exact_statistics_policy):
     counts = [30, 5, 0, 65]
     meta = result_meta(_task("cbr"), num_samples=100, num_steps=7, class_counts=counts)
     expected = get_scheme("cbr").client_scalars(
@@ -250,3 +250,29 @@ def test_recipe_refuses_bad_byo_arguments(kwargs, message, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=f"recipe 'x': {message}"):
         FedDRAWRecipe(name="x", min_clients=2, **kwargs)
+
+
+def test_result_meta_reports_a_histogram_scalar_from_the_sites_noised_release_by_default(monkeypatch):
+    """Private by default: without a policy allowing exact statistics, the skew comes from the release
+    (Gaussian noise at the policy's statistics_epsilon), never from the exact counts; a model-only
+    scalar plan draws no release."""
+    import fedweigh.flare.byo as byo
+
+    monkeypatch.delenv("FEDWEIGH_SITE_POLICY", raising=False)
+    counts = [30, 5, 0, 65]
+    exact = get_scheme("cbr").client_scalars(
+        ScalarContext(class_counts=np.array(counts, float), num_samples=100)
+    )
+    skews = {
+        result_meta(_task("cbr"), num_samples=100, num_steps=7, class_counts=counts)[META_SCALARS]["skew"]
+        for _ in range(5)
+    }
+    assert all(np.isfinite(list(skews))) and exact["skew"] not in skews and len(skews) > 1
+    drawn = []
+    monkeypatch.setattr(byo, "site_release", lambda *a, **k: drawn.append(a) or None)
+    similarity = SimpleNamespace(
+        meta={META_PLAN: {"scheme": "feddraw", "scalars": ["similarity"]}}, params=None
+    )
+    with pytest.raises(ValueError):  # FedDRAW's similarity needs the models: what matters is no release drawn
+        result_meta(similarity, num_samples=10, num_steps=1, class_counts=counts)
+    assert drawn == []

@@ -63,7 +63,7 @@ def test_a_bad_statistics_file_is_one_clear_error_naming_it(tmp_path, monkeypatc
     assert "\n" not in str(info.value)
 
 
-def test_the_loss_and_the_scalars_read_the_typed_statistics():
+def test_the_loss_and_the_scalars_read_the_typed_statistics(exact_statistics_policy):
     stats = global_stats_of(SITES)
     ctx = LossContext.of_site("multilabel", 3, np.array([3, 0, 5]), 10, global_stats=stats)
     np.testing.assert_array_equal(ctx.global_class_counts, [4, 6, 9])

@@ -17,7 +17,7 @@ import pytest
 from nvflare.app_common.abstract.fl_model import FLModel
 
 from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task, run_statistics_phase
-from fedweigh.histograms import decode_sum, statistics_vector
+from fedweigh.histograms import META_EXCHANGE_ID, decode_sum, statistics_vector
 from fedweigh.secure.contexts import (
     CONTEXT_DIR_ENV,
     context_from_bytes,
@@ -319,7 +319,9 @@ def test_honest_statistics_are_decoded_and_every_answer_logged(stats_keys):
 def test_without_the_announced_size_inflated_counts_would_be_used(stats_keys):
     """The inflation attack decodes to a plausible histogram: only the announced sum of N_k stops it."""
     sites = stand_in_sites()
-    collect = FLModel(params={}, meta={META_STEP: "collect", META_MODE: "secure"})
+    collect = FLModel(
+        params={}, meta={META_STEP: "collect", META_MODE: "secure", META_EXCHANGE_ID: "exchange-0123456789"}
+    )
     from fedweigh.secure.exchange import SecureExchange
     from fedweigh.server.label_stats import sum_statistics
 

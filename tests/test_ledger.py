@@ -29,13 +29,13 @@ class _SlowGuard(PrivacyGuard):
         ledger = self.ledger
         reserve = ledger.reserve
 
-        def slow_reserve(budget_id, mechanism, epsilon, delta=None, check=None):
+        def slow_reserve(budget_id, mechanism, epsilon, delta=None, check=None, **account):
             def slow_check(job, total):
                 time.sleep(0.3)
                 if check is not None:
                     check(job, total)
 
-            return reserve(budget_id, mechanism, epsilon, delta, check=slow_check)
+            return reserve(budget_id, mechanism, epsilon, delta, check=slow_check, **account)
 
         ledger.reserve = slow_reserve
         try:
@@ -113,8 +113,10 @@ def test_delta_is_recorded_next_to_epsilon_and_an_older_ledger_still_reads(tmp_p
     guard.check("dp_sgd", 2.0, delta=1e-5, num_samples=100)
     raw = json.loads(path.read_text())
     assert raw["budgets"]["job-1"] == {
-        "statistics": {"epsilon": 1.0, "delta": 1e-6},
-        "dp_sgd": {"epsilon": 2.0, "delta": 1e-5},  # reserved by the check, before any step
+        "job-1": {  # the job's own account under its budget
+            "statistics": {"epsilon": 1.0, "delta": 1e-6},
+            "dp_sgd": {"epsilon": 2.0, "delta": 1e-5},  # reserved by the check, before any step
+        }
     }
     assert PrivacyLedger(path).delta_spent("job-1") == pytest.approx(1.1e-5)
     path.write_text('{"budgets": {"job-0": {"dp_sgd": 3.0}}}')  # a ledger from before deltas were kept

@@ -616,12 +616,26 @@ def test_secure_statistics_with_the_kits_he_contexts(poc, job_name):
     assert {s: int(h.sum()) > 0 and len(h) == 14 for s, h in histograms.items()} == {
         s: True for s in HOSPITALS
     }
-    # every hospital decrypted the true global histogram, summed by the server under encryption
-    expected_global = [int(x) for x in sum(histograms.values())]
+    # under the default policy of a provisioned site (statistics_epsilon 1.0) each hospital released its
+    # histogram once through the Gaussian mechanism and kept the release in its working folder; every
+    # hospital decrypted the sum of the releases, summed by the server under encryption
+    from fedweigh.secure.dp_config import job_site_path
+    from fedweigh.secure.gaussian import HistogramRelease
+    from fedweigh.secure.stats_release import STATS_RELEASE_FILE
+
+    releases = {
+        s: HistogramRelease.from_dict(
+            json.loads(job_site_path(STATS_RELEASE_FILE, job["job_id"], s, poc.prod / s).read_text())
+        )
+        for s in HOSPITALS
+    }
+    assert {s: (r.epsilon, r.delta) for s, r in releases.items()} == {s: (1.0, 1e-5) for s in HOSPITALS}
+    assert any(not np.array_equal(releases[s].class_counts, histograms[s]) for s in HOSPITALS)  # noised
+    expected_global = [int(x) for x in sum(r.class_counts for r in releases.values())]
     for site in HOSPITALS:
         stats = json.loads((poc.prod / site / GLOBAL_STATS_FILE.format(job_id=job["job_id"])).read_text())
         assert stats["class_counts"] == expected_global, site
-        assert stats["num_samples"] == sum(TRAIN_SIZES.values())
+        assert stats["num_samples"] == sum(r.num_samples for r in releases.values())
     # with the kits' contexts: the server's (no secret key) and each hospital's own file
     assert f"{SERVER}/startup/server_context.tenseal" in job["log"]
     for site in HOSPITALS:

@@ -103,7 +103,13 @@ def test_the_cli_shows_the_policy_a_site_runs_under(tmp_path, monkeypatch, capsy
 
 # ---------------------------------------------------------------------------------- judging jobs
 def test_job_refusals_name_what_the_job_lacks():
-    strict = SitePolicy(require_dp=True, require_statistics_dp=True, max_epsilon_per_job=5.0, source="test")
+    strict = SitePolicy(
+        require_dp=True,
+        require_statistics_dp=True,
+        statistics_epsilon=None,
+        max_epsilon_per_job=5.0,
+        source="test",
+    )
     assert "without DP-SGD" in strict.job_refusal(ClientArgs())
     assert "without DP noise" in strict.job_refusal(ClientArgs(dp_epsilon=3.0))
     assert strict.job_refusal(ClientArgs(dp_epsilon=3.0, stats_dp_epsilon=1.0)) is None

@@ -37,6 +37,7 @@ KNOWN_FIELDS = [
     "require_encrypted_updates",
     "require_dp",
     "require_statistics_dp",
+    "statistics_epsilon",
     "max_epsilon_per_job",
     "max_epsilon_total",
     "max_delta",
@@ -120,6 +121,7 @@ def test_as_dict_holds_the_file_layout():
         "require_encrypted_updates": False,
         "require_dp": False,
         "require_statistics_dp": False,
+        "statistics_epsilon": 1.0,
         "max_epsilon_per_job": 10.0,
         "max_epsilon_total": 100.0,
         "max_delta": 1e-5,
@@ -132,6 +134,7 @@ def test_as_dict_holds_the_file_layout():
     assert permissive["statistics_modes"] == ["plain", "secure"]
     assert permissive["max_epsilon_per_job"] is None and permissive["max_epsilon_total"] is None
     assert permissive["min_secure_sum"] == 2
+    assert permissive["statistics_epsilon"] == 1.0  # private by default in simulation too
     custom = SitePolicy(
         require_encrypted_updates=True,
         require_dp=True,
@@ -307,7 +310,7 @@ def test_a_world_writable_file_is_refused_with_its_mode_and_the_fix(tmp_path):
         SitePolicy.from_file(path)
 
 
-@pytest.mark.parametrize("mode", [0o600, 0o644, 0o664, 0o604, 0o400])
+@pytest.mark.parametrize("mode", [0o600, 0o644, 0o604, 0o400])  # group-writable: tests/test_file_checks.py
 def test_a_file_others_cannot_write_is_read(tmp_path, mode):
     path = tmp_path / "p.json"
     path.write_text('{"require_dp": true}')
@@ -353,11 +356,14 @@ def test_require_dp_refuses_a_job_without_dp_sgd_with_the_exact_reason():
 
 
 def test_require_statistics_dp_refuses_a_job_without_noisy_statistics():
-    p = SitePolicy(require_statistics_dp=True, source="t")
+    p = SitePolicy(require_statistics_dp=True, statistics_epsilon=None, source="t")
     assert p.job_refusal(args(dp_epsilon=1.0, dp_delta=1e-6)) == (
         "the job releases the label statistics without DP noise, and this site requires it (site policy: t)"
     )
     assert p.job_refusal(args(stats_dp_epsilon=1.0, stats_dp_delta=1e-6)) is None
+    # a site whose own statistics_epsilon noises every release needs no epsilon from the job
+    noised_by_site = SitePolicy(require_statistics_dp=True, statistics_epsilon=1.0, source="t")
+    assert noised_by_site.job_refusal(args(dp_epsilon=1.0, dp_delta=1e-6)) is None
 
 
 def test_missing_dp_sgd_is_named_before_missing_statistics_noise():

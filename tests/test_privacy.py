@@ -329,10 +329,12 @@ def test_statistics_task_sends_the_noised_release_once_and_reports_the_budget(tm
     from nvflare.app_common.abstract.fl_model import FLModel
 
     from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_task
-    from fedweigh.histograms import META_VECTOR, statistics_vector
+    from fedweigh.histograms import META_EXCHANGE_ID, META_VECTOR, statistics_vector
 
     monkeypatch.chdir(tmp_path)
-    collect = FLModel(params={}, meta={META_STEP: "collect", META_MODE: "plain"})
+    collect = FLModel(
+        params={}, meta={META_STEP: "collect", META_MODE: "plain", META_EXCHANGE_ID: "exchange-0123456789"}
+    )
 
     plain = answer_statistics_task(stats_trainer("job-a"), collect)
     exact = statistics_vector(stats_trainer("job-a").class_counts, 60)

@@ -878,7 +878,8 @@ def test_the_guard_refuses_exactly_what_would_pass_a_cap(ops, probe, per_job, to
     guard = PrivacyGuard(
         SitePolicy(max_epsilon_per_job=per_job, max_epsilon_total=total_cap), ledger, "site-1", budget
     )
-    job, everything = ledger.projected(budget, mechanism, epsilon)
+    # the guard checks its own job's entry of the budget (the ops were recorded for the budget as a whole)
+    job, everything = ledger.projected(budget, mechanism, epsilon, account=guard.job_id)
     over = (per_job is not None and job > per_job * (1 + 1e-9)) or (
         total_cap is not None and everything > total_cap * (1 + 1e-9)
     )

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from poc_utils import allow_fedweigh
+
+from fedweigh.flare.provision import SITE_AUTHORIZER
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,6 +46,19 @@ def test_the_shipped_project_gives_no_role_byoc_and_every_hospital_the_enforcer(
         paths = [c["path"] for c in privacy["components"]]
         assert paths == ["fedweigh.flare.policy_filter.SitePolicyEnforcer"]
         assert privacy["default_scope"] == "fedweigh"
+        # the kit starts before fedweigh is installed: the parent-process authorizer arrives with the
+        # allow-list (provisioning/allow_fedweigh.py), as the site's app deployer after the job launcher
+        default = (prod / hospital / "local" / "resources.json.default").read_text()
+        assert "fedweigh" not in default
+        allow_fedweigh(prod / hospital)
+        components = json.loads((prod / hospital / "local" / "resources.json").read_text())["components"]
+        ids = [c["id"] for c in components]
+        assert components[-1] == SITE_AUTHORIZER
+        assert ids.index("process_launcher") < len(ids) - 1
+    for server in (p["name"] for p in project["participants"] if p["type"] == "server"):
+        allow_fedweigh(prod / server)
+        text = (prod / server / "local" / "resources.json").read_text()
+        assert "JobPolicyAuthorizer" not in text
 
 
 def test_hardened_authz_removes_byoc_only():

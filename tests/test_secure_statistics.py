@@ -34,6 +34,7 @@ from fedweigh.secure.exchange import (
     META_ENCODING,
     META_LENGTH,
     META_NUM_CONTRIBUTIONS,
+    TAG_SLOTS,
     SecureExchange,
 )
 from fedweigh.secure.stats_release import ReleasedHistogram
@@ -170,7 +171,11 @@ def test_check_names_the_site_of_a_malformed_contribution(keys_from_env):
         ({**good, META_CIPHERTEXT: "@@not base64@@"}, "site-3: .*not valid base64"),
         ({**good, META_CIPHERTEXT: base64.b64encode(b"junk").decode()}, "site-3: not a CKKS ciphertext"),
         ({**good, META_ENCODING: "plain"}, "site-3: statistics encoding 'plain'"),
-        (short, f"site-3: ciphertext has {2 * LENGTH - 1} slots, expected {2 * LENGTH + 1}"),
+        (
+            short,
+            f"site-3: ciphertext has {2 * (LENGTH - 1 + TAG_SLOTS) + 1} slots, "
+            f"expected {2 * (LENGTH + TAG_SLOTS) + 1}",
+        ),
     ]
     for payload, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -332,6 +332,7 @@ def test_the_plan_runs_exactly_its_cells_or_names_a_method_not_yet_in_the_catalo
         (sc, m, s) for sc in plan.scenarios for m in plan.methods for s in plan.seeds
     )
     assert config.profile == "standard" and config.rounds == 30 and config.eval_every == 5
+    assert config.exact_statistics  # as the committed study ran: before the release was the default
 
 
 def test_the_studys_time_adds_up_its_invocations(tmp_path):

@@ -115,17 +115,23 @@ def test_all_negative_site_gets_the_score_of_a_maximally_imbalanced_site(mode, c
 
 
 def test_site_with_an_empty_histogram_is_named_in_the_log(caplog):
+    from dataclasses import replace
+
     import torch
 
     from fedweigh.data.base import LabeledImages, SiteData
     from fedweigh.site.args import ClientArgs
+    from fedweigh.site.policy import PERMISSIVE_DEFAULT
     from fedweigh.site.trainer import SiteTrainer
 
     torch.set_num_threads(1)
     names = ("a", "b", "c")
     x = np.zeros((4, 1, 16, 16), dtype=np.float32)
     empty = LabeledImages(x, np.zeros((4, 3), dtype=np.float32), names, "multilabel")
-    trainer = SiteTrainer(SiteData("site-7", empty, empty), empty, ClientArgs(size=16, eval_test=False))
+    exact = replace(PERMISSIVE_DEFAULT, statistics_epsilon=None)  # the empty histogram itself is reported
+    trainer = SiteTrainer(
+        SiteData("site-7", empty, empty), empty, ClientArgs(size=16, eval_test=False), policy=exact
+    )
     plan = {"scheme": "cbr", "scalars": ["skew"]}
     with caplog.at_level("WARNING"):
         scalars = trainer.scheme_scalars(plan, {}, {})

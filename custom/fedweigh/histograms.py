@@ -18,6 +18,7 @@ benchmark sums the vectors in process.
 from __future__ import annotations
 
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,15 +30,19 @@ from fedweigh.protocol import ABSOLUTE_MIN
 
 __all__ = [
     "META_ANNOUNCED_N",
+    "META_EXCHANGE_ID",
+    "META_MEMBERS",
     "META_LENGTH",
     "META_NOISED",
     "META_NUM_CONTRIBUTIONS",
     "META_VECTOR",
     "NOISED_N_TOLERANCE",
+    "ExchangeBinding",
     "GlobalStats",
     "PlainExchange",
     "StatisticsExchange",
     "check_announced_size",
+    "check_exchange_id",
     "check_statistics_vector",
     "decode_sum",
     "global_stats_of",
@@ -50,6 +55,39 @@ META_VECTOR = "fedweigh_stats_vector"
 META_LENGTH = "fedweigh_stats_length"
 #: Meta key of a sum: how many contributions it holds (checked by every site before it decodes).
 META_NUM_CONTRIBUTIONS = "fedweigh_stats_num_contributions"
+#: Meta key of the exchange id: a fresh random id the server announces with every ``collect`` step
+#: and repeats with the sum it distributes (:class:`ExchangeBinding`).
+META_EXCHANGE_ID = "fedweigh_stats_exchange_id"
+#: Meta key of the sites the server summed, announced with the sum (checked against its binding tags).
+META_MEMBERS = "fedweigh_stats_members"
+#: Characters and length of a valid exchange id.
+_EXCHANGE_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")
+
+
+@dataclass(frozen=True)
+class ExchangeBinding:
+    """What a site binds its contribution to, and checks a sum against: its own ``job_id`` (the
+    site's, never the server's word), the ``exchange_id`` the server announced for this exchange
+    (fresh and random per exchange) and the site's name. A sum decoded with a binding must repeat
+    the exchange id; a secure sum must also carry the binding tags of exactly the members the server
+    announces (:mod:`fedweigh.secure.exchange`), so that a stale, foreign or misstated sum is refused."""
+
+    job_id: str
+    exchange_id: str
+    site: str
+
+    def __post_init__(self) -> None:
+        check_exchange_id(self.exchange_id)
+
+
+def check_exchange_id(value: object) -> str:
+    """``value`` if it is a valid exchange id (16 to 128 of ``[A-Za-z0-9_-]``); ValueError otherwise."""
+    if not isinstance(value, str) or not _EXCHANGE_ID.fullmatch(value):
+        raise ValueError(
+            f"statistics: the server announced no valid exchange id ({META_EXCHANGE_ID}: 16 to 128 of "
+            f"[A-Za-z0-9_-], got {value!r}); without one a sum cannot be bound to its exchange"
+        )
+    return value
 
 
 @dataclass
@@ -205,8 +243,8 @@ class StatisticsExchange(ABC):
     min_contributions: int = ABSOLUTE_MIN
 
     @abstractmethod
-    def encode(self, vector: np.ndarray) -> dict:
-        """The client's contribution, as result meta/params."""
+    def encode(self, vector: np.ndarray, binding: ExchangeBinding | None = None) -> dict:
+        """The client's contribution, as result meta/params, bound to ``binding`` when given."""
 
     def check(self, site: str, payload: dict, length: int) -> None:
         """Server: raise ValueError naming ``site`` if its contribution is malformed (default: no check)."""
@@ -217,8 +255,21 @@ class StatisticsExchange(ABC):
         """Server: the sum of the valid contributions (as a payload the clients can decode)."""
 
     @abstractmethod
-    def decode(self, payload: dict) -> np.ndarray:
-        """Client: the summed vector from the server's payload."""
+    def decode(self, payload: dict, binding: ExchangeBinding | None = None) -> np.ndarray:
+        """Client: the summed vector from the server's payload; with ``binding``, refused (ValueError)
+        unless the sum is of that exchange."""
+
+    def check_exchange(self, payload: Mapping, binding: ExchangeBinding | None) -> None:
+        """Client: with ``binding``, the sum must repeat the exchange id this site contributed to."""
+        if binding is None:
+            return
+        announced = payload.get(META_EXCHANGE_ID)
+        if announced != binding.exchange_id:
+            raise ValueError(
+                f"statistics: the sum is not of this exchange (a stale or foreign sum): it names exchange "
+                f"{announced!r}, {binding.site} contributed to exchange {binding.exchange_id!r} of job "
+                f"{binding.job_id!r}"
+            )
 
     def check_quorum(self, payload: Mapping) -> int:
         """Client, before decoding: the sum's number of contributions, at least ``min_contributions``."""
@@ -243,7 +294,8 @@ class PlainExchange(StatisticsExchange):
     def __init__(self, min_contributions: int = ABSOLUTE_MIN) -> None:
         self.min_contributions = int(min_contributions)
 
-    def encode(self, vector: np.ndarray) -> dict:
+    def encode(self, vector: np.ndarray, binding: ExchangeBinding | None = None) -> dict:
+        # plain: bound by the exchange id only (the server sees every contribution anyway)
         return {META_VECTOR: [float(x) for x in vector]}
 
     def check(self, site: str, payload: dict, length: int) -> None:
@@ -259,6 +311,7 @@ class PlainExchange(StatisticsExchange):
             META_NUM_CONTRIBUTIONS: len(site_payloads),
         }
 
-    def decode(self, payload: dict) -> np.ndarray:
+    def decode(self, payload: dict, binding: ExchangeBinding | None = None) -> np.ndarray:
+        self.check_exchange(payload, binding)
         self.check_quorum(payload)
         return np.asarray(payload[META_VECTOR], dtype=np.float64)

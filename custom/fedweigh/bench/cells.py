@@ -96,6 +96,10 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         **({"robust": [getattr(guards, n) for n in ROBUST_OPTIONS]} if guards.robust else {}),
         "method": spec.as_dict(),
     }
+    # the sites' statistics release when a site policy noises it (the default); cells stored with exact
+    # statistics (before that default, or with --exact-statistics) keep their digest
+    if args.get("stats_dp_epsilon") is None and config.statistics_epsilon() is not None:
+        payload["statistics_epsilon"] = config.statistics_epsilon()
     if any(sc.name == scenario for sc in config.scenario_defs):  # a file's scenario: its definition
         # shortfall (error or warn) changes no partition: left out, so stored cells stay valid
         payload["scenario"] = {k: v for k, v in asdict(config.scenario(scenario)).items() if k != "shortfall"}

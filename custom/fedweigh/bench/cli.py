@@ -83,6 +83,12 @@ def _add_cell_options(p: argparse.ArgumentParser) -> None:
     )
     add("--seeds", nargs="+", type=int, default=None, help="default: the profile's")
     add(
+        "--exact-statistics",
+        action="store_true",
+        help="research runs: the sites release their exact label statistics (default: each site's one "
+        "Gaussian release with the simulation policy's statistics_epsilon, 1.0; docs/privacy.md)",
+    )
+    add(
         "--tune",
         nargs="+",
         default=(),
@@ -214,6 +220,7 @@ def _bench_config(args: argparse.Namespace):
         safeguards=bench_safeguards(args.safeguards, **guards),
         tuning=Tuning.given(args.tune, args.tune_scenario, args.tune_seed),
         scenario_files=args.scenario_file,
+        exact_statistics=bool(getattr(args, "exact_statistics", False)),
         **{name: getattr(args, name) for name in bench_options()},
     )
 

@@ -27,6 +27,7 @@ from fedweigh.errors import ConfigError
 from fedweigh.methods import CLIENT_OPTION_ALIASES, CLIENT_OPTIONS, MethodSpec, parse_method
 from fedweigh.server.safeguards import ROBUST_OPTIONS, Safeguards
 from fedweigh.site.args import ClientArgs
+from fedweigh.site.policy import PERMISSIVE_DEFAULT, SitePolicy
 
 __all__ = [
     "SAFEGUARDS",
@@ -189,6 +190,26 @@ class BenchConfig:
     tuned: dict = field(default_factory=dict)
     #: scenarios defined in files (``--scenario-file``), run like catalogue ones under their names
     scenario_defs: tuple[Scenario, ...] = ()
+    #: research runs only: the sites release their exact label statistics (a simulation policy with
+    #: ``statistics_epsilon`` None) instead of the default Gaussian release (``--exact-statistics``)
+    exact_statistics: bool = False
+
+    def site_policy(self) -> SitePolicy:
+        """The policy every simulated site runs under: the simulation default (statistics noised with
+        its ``statistics_epsilon`` unless the job sets ``stats_dp_epsilon``), or with
+        :attr:`exact_statistics` the same with ``statistics_epsilon`` None."""
+        if not self.exact_statistics:
+            return PERMISSIVE_DEFAULT
+        return replace(
+            PERMISSIVE_DEFAULT,
+            statistics_epsilon=None,
+            source="benchmark --exact-statistics (research: exact label statistics)",
+        )
+
+    def statistics_epsilon(self) -> float | None:
+        """The epsilon the cells' sites release their label statistics with (None: exact)."""
+        config = self.client.stats_dp_config(self.site_policy().statistics_epsilon)
+        return None if config is None else config.epsilon
 
     def scenario(self, name: str) -> Scenario:
         """The scenario called ``name``: one of ``scenario_defs``, else the catalogue's."""
@@ -236,6 +257,8 @@ class BenchConfig:
             "tune_seed": tuning.seed if tuning else None,
             "tuned": self.tuned,
             "scenario_defs": [asdict(d) for d in self.scenario_defs],
+            "exact_statistics": self.exact_statistics,
+            "statistics_epsilon": self.statistics_epsilon(),
         }
 
 
@@ -292,6 +315,7 @@ def make_config(
     safeguards: str | Safeguards = "off",
     tuning: Tuning | None = None,
     scenario_files: Sequence[str | Path] = (),
+    exact_statistics: bool = False,
     **client_overrides: object,
 ) -> BenchConfig:
     """A :class:`BenchConfig` from a profile; every argument left None keeps the profile's value.
@@ -299,7 +323,9 @@ def make_config(
     ``client_overrides`` are :class:`ClientArgs` fields (``num_images``, ``max_steps``, ``size``, ...).
     ``safeguards``: a preset name of :data:`SAFEGUARDS` or the round step's settings
     (:func:`bench_safeguards` sets options over a preset). ``tuning``: options to tune per method
-    before the reported cells. ``scenario_files``: scenarios defined in JSON / YAML files
+    before the reported cells. ``exact_statistics``: the sites release exact label statistics
+    (research runs; default: the sites' Gaussian release, :meth:`BenchConfig.site_policy`).
+    ``scenario_files``: scenarios defined in JSON / YAML files
     (:mod:`fedweigh.data.scenario_file`); they run after those named in ``scenarios`` (with none
     named, only the files' scenarios run).
     Raises ValueError naming the bad dataset, scenario, method, seed, round count or tuned option.
@@ -347,6 +373,7 @@ def make_config(
         safeguards=guards,
         tuning=tuning,
         scenario_defs=defs,
+        exact_statistics=bool(exact_statistics),
     )
     for label in methods:  # every grid point is a valid method configuration (one-line errors)
         for point in config.tune_grid(label):

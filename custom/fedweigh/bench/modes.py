@@ -179,7 +179,7 @@ def run_federated(
         probe=ModelProbe(scorer.model),  # the controller's probe: the persistor's model
         log=logger.warning,
     )
-    sites = make_sites(fed.sites, fed.test, args, config.site_workers)
+    sites = make_sites(fed.sites, fed.test, args, config.site_workers, config.site_policy())
     recorder = recorder if recorder is not None else RoundRecorder(None, str(spec.scheme))
     loop = LoopSettings(fed.sample_fraction, args.seed, eval_every=config.eval_every)
     try:

@@ -28,6 +28,7 @@ from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.server.loop import TrainTask, Transport, ValidateTask
 from fedweigh.server.rounds import ClientResult
 from fedweigh.site.args import ClientArgs
+from fedweigh.site.policy import SitePolicy
 from fedweigh.site.trainer import RoundOutput, SiteTrainer
 from fedweigh.train import set_params
 
@@ -37,8 +38,20 @@ __all__ = ["InProcessSites", "LocalSites", "SitePool", "balance", "make_sites", 
 class LocalSites:
     """Every site's trainer in this process."""
 
-    def __init__(self, sites: Sequence[SiteData], test: LabeledImages, args: ClientArgs, threads: int | None):
-        self.trainers = {s.name: SiteTrainer(s, test, args, threads=threads) for s in sites}
+    def __init__(
+        self,
+        sites: Sequence[SiteData],
+        test: LabeledImages,
+        args: ClientArgs,
+        threads: int | None,
+        policy: SitePolicy | None = None,
+    ):
+        # every site under ``policy`` (None: the simulation default, statistics noised with epsilon 1.0);
+        # the statistics noise drawn from the cell's seed, so that a cell is the same in any process
+        self.trainers = {
+            s.name: SiteTrainer(s, test, args, threads=threads, policy=policy, release_seed=args.seed)
+            for s in sites
+        }
 
     @property
     def names(self) -> list[str]:
@@ -87,8 +100,8 @@ def _serve(conn: Any) -> None:
             if call == "ping":
                 value = None
             elif call == "load":
-                sites, test, args = payload
-                local = LocalSites(sites, test, args, threads=1)
+                sites, test, args, policy = payload
+                local = LocalSites(sites, test, args, threads=1, policy=policy)
                 value = None
             elif call == "unload":
                 local, value = None, None
@@ -134,12 +147,18 @@ class SitePool:
     def size(self) -> int:
         return len(self._workers)
 
-    def load(self, sites: Sequence[SiteData], test: LabeledImages, args: ClientArgs) -> SitePool:
-        """Give the processes the sites of one cell (each builds their trainers)."""
+    def load(
+        self,
+        sites: Sequence[SiteData],
+        test: LabeledImages,
+        args: ClientArgs,
+        policy: SitePolicy | None = None,
+    ) -> SitePool:
+        """Give the processes the sites of one cell (each builds their trainers, under ``policy``)."""
         self._site_of = {}
         conns = []
         for group, (_, conn) in zip(balance(sites, self.size), self._workers, strict=False):
-            conn.send(("load", (group, test, args)))
+            conn.send(("load", (group, test, args, policy)))
             conns.append(conn)
             for s in group:
                 self._site_of[s.name] = conn
@@ -232,12 +251,17 @@ def _shutdown_pools() -> None:
 
 
 def make_sites(
-    sites: Sequence[SiteData], test: LabeledImages, args: ClientArgs, workers: int
+    sites: Sequence[SiteData],
+    test: LabeledImages,
+    args: ClientArgs,
+    workers: int,
+    policy: SitePolicy | None = None,
 ) -> LocalSites | SitePool:
-    """The cell's sites in this process (``workers`` <= 1) or spread over ``workers`` processes."""
+    """The cell's sites in this process (``workers`` <= 1) or spread over ``workers`` processes, every
+    site under ``policy`` (None: the simulation default, :data:`fedweigh.site.policy.PERMISSIVE_DEFAULT`)."""
     if workers <= 1 or len(sites) <= 1:
-        return LocalSites(sites, test, args, threads=args.threads or None)
-    return site_pool(min(workers, len(sites))).load(sites, test, args)
+        return LocalSites(sites, test, args, threads=args.threads or None, policy=policy)
+    return site_pool(min(workers, len(sites))).load(sites, test, args, policy)
 
 
 def site_result(site: str, out: RoundOutput) -> ClientResult:

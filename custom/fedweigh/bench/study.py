@@ -167,12 +167,15 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def plan_config(plan: Plan):
-    """The :class:`fedweigh.bench.config.BenchConfig` that runs exactly the plan's cells."""
+    """The :class:`fedweigh.bench.config.BenchConfig` that runs exactly the plan's cells. The committed
+    plan ran before the sites' statistics release was the default, with exact label statistics: its
+    cells keep that setting (and their cache keys), so the study reproduces as planned."""
     from fedweigh.bench.config import make_config
 
     return make_config(
         plan.profile,
         plan.dataset,
+        exact_statistics=True,
         methods=plan.methods,
         scenarios=plan.scenarios,
         seeds=plan.seeds,

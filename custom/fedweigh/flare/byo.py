@@ -55,8 +55,10 @@ import nvflare.client as flare
 from fedweigh.flare.statistics import GLOBAL_STATS_FILE, answer_statistics_task, load_cached_global_stats
 from fedweigh.histograms import GlobalStats
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS, META_PLAN, META_SCALARS, TASK_STATS
-from fedweigh.secure.stats_release import ReleasedHistogram
-from fedweigh.site.scalars import plan_scalars, wanted_scalars
+from fedweigh.secure.dp_config import LOCAL_JOB_ID, StatsDPConfig
+from fedweigh.secure.stats_release import HistogramReleaser, ReleasedHistogram
+from fedweigh.site.policy import PrivacyGuard, PrivacyLedger, ledger_path, load_site_policy
+from fedweigh.site.scalars import MODEL_SCALARS, plan_scalars, wanted_scalars
 from fedweigh.weighting.base import ScalarContext
 
 __all__ = ["answer_statistics", "global_statistics", "is_statistics_task", "plan_of", "result_meta"]
@@ -157,9 +159,14 @@ def result_meta(
                 f"result_meta: scheme {plan['scheme']!r} asks for {wanted}, computed from the site's label "
                 "counts: pass class_counts= (per-class counts of the training labels)"
             )
+        counts, released_n = _count_vector(class_counts, "result_meta"), int(num_samples)
+        if not set(wanted) <= set(MODEL_SCALARS):  # a histogram scalar: from the site's release, never exact
+            site_name, job_id = _job_identity()
+            release = site_release(site_name, job_id, counts, released_n, plan.get("budget_id"))
+            counts, released_n = np.asarray(release.class_counts), int(release.num_samples)
         ctx = ScalarContext(
-            class_counts=_count_vector(class_counts, "result_meta"),
-            num_samples=int(num_samples),
+            class_counts=counts,
+            num_samples=released_n,
             global_stats=_global_stats(global_stats),
             params=_as_numpy(params),
             global_params=global_params,
@@ -179,16 +186,51 @@ def is_statistics_task(task_name: str | None = None) -> bool:
     return task_name == TASK_STATS
 
 
+def _job_identity() -> tuple[str, str]:
+    """(site name, job id) of the NVFlare job this process serves; ("site", LOCAL_JOB_ID) outside one."""
+    try:
+        return str(flare.get_site_name()), str(flare.get_job_id())
+    except RuntimeError:  # no Client API context: an in-process call (a test, a notebook)
+        return "site", LOCAL_JOB_ID
+
+
+def site_release(
+    site_name: str, job_id: str, class_counts: np.ndarray, num_samples: int, budget_id: str | None = None
+) -> ReleasedHistogram:
+    """The label histogram as it may leave this site: the site policy's statistics release, as fedweigh's
+    own client makes it (:class:`fedweigh.secure.stats_release.HistogramReleaser`): noised with the
+    policy's ``statistics_epsilon`` (delta 1e-5) unless the policy allows exact statistics (null), drawn
+    once per budget (the release file in the working folder) and spent in the site's ledger. The
+    multi-label sensitivity sqrt(C + 1) is used, which also covers a multi-class histogram (more noise
+    than its sqrt(2) needs, never less)."""
+    counts = np.asarray(class_counts)
+    policy = load_site_policy()
+    if policy.statistics_epsilon is None:
+        return ReleasedHistogram(counts, int(num_samples), None, None)
+    budget = str(budget_id or job_id)
+    if job_id == LOCAL_JOB_ID:  # outside an NVFlare job: one release in memory, no ledger file
+        return HistogramReleaser(StatsDPConfig(epsilon=policy.statistics_epsilon), site_name, job_id).release(
+            counts, int(num_samples), "multilabel"
+        )
+    guard = PrivacyGuard(
+        policy, PrivacyLedger(ledger_path(site_name)), site_name, budget_id=budget, job_id=job_id
+    )
+    releaser = HistogramReleaser(
+        StatsDPConfig(epsilon=policy.statistics_epsilon), site_name, budget, guard=guard
+    )
+    return releaser.release(counts, int(num_samples), "multilabel")
+
+
 class _StatisticsSite:
     """A user's site as the statistics phase sees it (:class:`fedweigh.flare.statistics.StatisticsSite`):
-    the exact label histogram, no statistics DP."""
+    its label histogram as the site policy lets it leave (:func:`site_release`)."""
 
-    def __init__(self, site_name: str, job_id: str, class_counts: np.ndarray, num_samples: int):
+    def __init__(self, site_name: str, job_id: str, release: ReleasedHistogram):
         self.site_name = site_name
         self.job_id = job_id
         self.global_stats: GlobalStats | None = None
-        self.num_train = int(num_samples)
-        self._release = ReleasedHistogram(class_counts, int(num_samples), None, None)
+        self.num_train = int(release.num_samples)
+        self._release = release
 
     def released_statistics(self) -> ReleasedHistogram:
         return self._release
@@ -201,7 +243,9 @@ def answer_statistics(received: Any, class_counts: Any, num_samples: int, *, sit
     site_name = site_name or flare.get_site_name()
     job_id = str(flare.get_job_id())
     counts = _count_vector(class_counts, "answer_statistics")
-    site = _StatisticsSite(site_name, job_id, counts, int(num_samples))
+    budget_id = plan_of(received).get("budget_id")
+    release = site_release(site_name, job_id, counts, int(num_samples), budget_id)
+    site = _StatisticsSite(site_name, job_id, release)
     answer = answer_statistics_task(site, received)
     if site.global_stats is not None:
         logger.info("%s: global statistics kept in %s", site_name, GLOBAL_STATS_FILE.format(job_id=job_id))

@@ -123,8 +123,8 @@ CUSTOM_FOLDER = "custom"
 CLIENT_CONFIG = "config_fed_client.json"
 CLIENT_API_EXECUTOR = f"{ClientAPIExecutor.__module__}.{ClientAPIExecutor.__qualname__}"
 INSTALLED_EXECUTOR = f"{InstalledClientExecutor.__module__}.{InstalledClientExecutor.__qualname__}"
-#: ClientAPIExecutor arguments that InstalledClientExecutor takes over unchanged.
-_INSTALLED_EXECUTOR_ARGS = frozenset(
+#: ClientAPIExecutor arguments that InstalledClientExecutor takes over unchanged (all it takes).
+INSTALLED_EXECUTOR_ARGS = frozenset(
     {
         "task_script_args",
         "params_exchange_format",
@@ -134,6 +134,7 @@ _INSTALLED_EXECUTOR_ARGS = frozenset(
         "cuda_empty_cache",
     }
 )
+_INSTALLED_EXECUTOR_ARGS = INSTALLED_EXECUTOR_ARGS
 
 
 def app_folders(job_dir: str | Path) -> list[Path]:

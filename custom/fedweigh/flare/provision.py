@@ -9,10 +9,15 @@ inputs are set (any position after ``WorkspaceBuilder``). It changes two things 
   it to ``project_admin`` and ``lead``). A job with a ``custom/`` folder (bring-your-own-code) is then
   refused by the server and by every site; jobs without code (``fedweigh jobs export --site-installed``)
   run only components the site allow-lists (``provisioning/resources.json``).
-- ``local/privacy.json`` of every site: the site-policy enforcement of
-  :mod:`fedweigh.flare.policy_filter` (a component judging every job and task, and a privacy scope's
-  task result filter), so the hospital's ``local/fedweigh_policy.json`` holds for every job, whatever
-  code it runs.
+- nothing in ``local/resources.json.default``: a kit must start before fedweigh is installed at the
+  site. :data:`SITE_AUTHORIZER`, fedweigh's :class:`~fedweigh.flare.site_authorizer.JobPolicyAuthorizer`
+  as the site's ``app_deployer`` (in the site's parent process, where no job code runs, it judges every
+  deployed job against the hospital's ``local/fedweigh_policy.json``; a refused job never launches
+  there), arrives with fedweigh's allow-list: ``provisioning/allow_fedweigh.py`` adds both to the
+  site's ``local/resources.json``, read when the site starts.
+- ``local/privacy.json`` of every site: the in-job second line of :mod:`fedweigh.flare.policy_filter`
+  (a component judging every job and task, and a privacy scope's task result filter). It runs in the
+  job's own process, so it holds for jobs without code, not for a job that brings its own (BYOC).
 
 A hospital that wants BYOC for some role edits its own ``local/authorization.json``
 (docs/deploy.md says what it then gives away).
@@ -32,6 +37,7 @@ from fedweigh.io import atomic_write_json
 
 __all__ = [
     "AUTHZ_SECTION",
+    "SITE_AUTHORIZER",
     "DEFAULT_AUTHZ_SECTION",
     "PRIVACY_CONFIG",
     "HardenedSiteBuilder",
@@ -60,6 +66,15 @@ PRIVACY_CONFIG: dict = {
 }
 
 
+#: The parent-process component a site's ``local/resources.json`` gets with fedweigh's allow-list (its
+#: ``app_deployer``; ``provisioning/resources.json`` lists it under ``site_components``).
+SITE_AUTHORIZER: dict = {
+    "id": "app_deployer",
+    "path": "fedweigh.flare.site_authorizer.JobPolicyAuthorizer",
+    "args": {},
+}
+
+
 def hardened_authz(default: dict) -> dict:
     """NVFlare's authorization policy ``default`` with ``byoc`` set to ``none`` for every role."""
     policy = json.loads(json.dumps(default))
@@ -75,7 +90,7 @@ def hardened_authz(default: dict) -> dict:
 
 
 class HardenedSiteBuilder(Builder):
-    """No role gets BYOC; every site gets the policy enforcement in ``local/privacy.json`` (module docstring)."""
+    """No role gets BYOC; every site gets the in-job enforcement (module docstring)."""
 
     def initialize(self, project: Project, ctx: ProvisionContext) -> None:
         default = ctx.json_load_template_section(DEFAULT_AUTHZ_SECTION)  # loaded by WorkspaceBuilder
@@ -86,5 +101,5 @@ class HardenedSiteBuilder(Builder):
 
     def build(self, project: Project, ctx: ProvisionContext) -> None:
         for client in project.get_clients():
-            path = Path(ctx.get_local_dir(client)) / "privacy.json"
-            atomic_write_json(path, PRIVACY_CONFIG, indent=2, private=False)
+            local = Path(ctx.get_local_dir(client))
+            atomic_write_json(local / "privacy.json", PRIVACY_CONFIG, indent=2, private=False)

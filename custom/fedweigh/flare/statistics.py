@@ -18,6 +18,18 @@ read only here: :func:`keep_global_stats`, :func:`load_cached_global_stats`), so
 process of the same job, or a script of your own (:func:`fedweigh.flare.byo.global_statistics`),
 finds them.
 
+Every exchange is bound to its job and to a fresh random exchange id the server announces with
+``collect`` (:class:`fedweigh.histograms.ExchangeBinding`); the server announces the members it
+summed with the sum. A site remembers the exchange id it contributed to (in this process) and
+decodes only a sum of that exchange: in ``secure`` mode the sum's binding tags must equal those of
+the announced members (:mod:`fedweigh.secure.exchange`), which the server cannot forge; in
+``plain`` mode the sum must repeat the exchange id. A stale or foreign sum is refused, naming why.
+
+What a site contributes is its released histogram (:meth:`StatisticsSite.released_statistics`):
+by default one Gaussian release per job (the job's ``stats_dp_epsilon``, else the site policy's
+``statistics_epsilon``), so that two exchanges whose members differ by one site do not reveal that
+site's exact histogram.
+
 ``plain`` sends v_k in clear (research runs only: it reveals each hospital's disease prevalence to the
 server and logs a warning), ``secure`` sums CKKS ciphertexts so the server sees neither v_k nor the sum.
 A site takes part only in the modes its policy lists (:class:`fedweigh.site.policy.SitePolicy`).
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from pathlib import Path
 from typing import Protocol
 
@@ -35,8 +48,11 @@ from nvflare.app_common.abstract.fl_model import FLModel
 from fedweigh.flare.keys import role_context_provider
 from fedweigh.histograms import (
     META_ANNOUNCED_N,
+    META_EXCHANGE_ID,
     META_LENGTH,
+    META_MEMBERS,
     META_NOISED,
+    ExchangeBinding,
     GlobalStats,
     PlainExchange,
     StatisticsExchange,
@@ -51,6 +67,7 @@ from fedweigh.protocol import (
     META_NUM_SAMPLES,
     META_PLAN,
     META_REFUSED,
+    META_REFUSED_JOB,
     META_SITE_ERROR,
     TASK_STATS,
 )
@@ -69,6 +86,7 @@ __all__ = [
     "load_cached_global_stats",
     "log_distribution",
     "make_exchange",
+    "new_exchange_id",
     "run_statistics_phase",
 ]
 
@@ -104,7 +122,13 @@ def run_statistics_phase(
         controller.warning(
             "label statistics travel in clear (statistics='plain'): the server sees every site's label histogram"
         )
-    task_meta = {META_STEP: "collect", META_MODE: mode, **({META_PLAN: plan} if plan else {})}
+    exchange_id = new_exchange_id()
+    task_meta = {
+        META_STEP: "collect",
+        META_MODE: mode,
+        META_EXCHANGE_ID: exchange_id,
+        **({META_PLAN: plan} if plan else {}),
+    }
     results = controller.ask_sites(TASK_STATS, FLModel(params={}, meta=task_meta), sites, 1)
     errors = _site_errors(controller, results)
     payloads: dict[str, object] = {}
@@ -140,10 +164,17 @@ def run_statistics_phase(
         **({META_PLAN: plan} if plan else {}),
         **outcome.total,
         **announced_size(payloads, outcome.members),
+        META_EXCHANGE_ID: exchange_id,
+        META_MEMBERS: list(outcome.members),
     }
     answers = controller.ask_sites(TASK_STATS, FLModel(params={}, meta=distribute), sites, 1)
     log_distribution(controller, sites, answers, _site_errors(controller, answers))
     return payloads
+
+
+def new_exchange_id() -> str:
+    """A fresh random exchange id (128 bits from the OS, :mod:`secrets`), one per statistics exchange."""
+    return secrets.token_hex(16)
 
 
 def announced_size(payloads: dict[str, object], members: list[str]) -> dict:
@@ -210,6 +241,10 @@ class StatisticsSite(Protocol):
     def released_statistics(self) -> ReleasedHistogram: ...
 
 
+#: The exchange each (site, job) of this process contributed to last: a sum is decoded only against it.
+_CONTRIBUTED: dict[tuple[str, str], ExchangeBinding] = {}
+
+
 def answer_statistics_task(
     trainer: StatisticsSite,
     input_model: FLModel,
@@ -219,15 +254,24 @@ def answer_statistics_task(
     """The client's answer to a ``stats`` task (collect or distribute). The caller has checked the
     task against the site's policy; ``policy.min_secure_sum`` is announced with the contribution and
     checked before a sum is decoded; a decrypted sum is rounded to ``precision_bits`` (the job's
-    ``he_precision_bits``; None: the default)."""
+    ``he_precision_bits``; None: the default). A collect step without a valid exchange id is refused;
+    a sum is decoded only against the exchange this site contributed to in this process (module
+    docstring), else refused naming why."""
     meta = input_model.meta or {}
     exchange = make_exchange(meta.get(META_MODE, "plain"), policy.min_secure_sum, precision_bits)
+    asked = (trainer.site_name, str(trainer.job_id))
     if meta.get(META_STEP) == "collect":
+        try:
+            binding = ExchangeBinding(str(trainer.job_id), meta.get(META_EXCHANGE_ID), trainer.site_name)  # type: ignore[arg-type]
+        except ValueError as e:  # no contribution to an exchange it could not tell from another
+            logger.error("%s: %s", trainer.site_name, e)
+            return FLModel(metrics={"stats_sent": 0.0}, meta={META_REFUSED: str(e), META_REFUSED_JOB: False})
+        _CONTRIBUTED[asked] = binding
         # with statistics DP on, the site's one noised release; N_k c_k is derived from it
         # (post-processing), so everything sent here is covered by the same budget
         release = trainer.released_statistics()
         vector = statistics_vector(release.class_counts, release.num_samples)
-        payload = exchange.encode(vector)
+        payload = exchange.encode(vector, binding)
         metrics = {"stats_sent": 1.0}  # the Client API refuses a result without params or metrics
         if release.epsilon is not None:
             metrics.update(stats_dp_epsilon=float(release.epsilon), stats_dp_delta=float(release.delta))
@@ -242,7 +286,13 @@ def answer_statistics_task(
             },
         )
     try:
-        stats = decode_sum(exchange.decode(meta))
+        binding = _CONTRIBUTED.get(asked)
+        if binding is None:
+            raise ValueError(
+                f"statistics: {trainer.site_name} contributed to no statistics exchange of job {asked[1]!r} in "
+                "this process, so it cannot tell whether the sum is of this exchange (a stale or foreign sum)"
+            )
+        stats = decode_sum(exchange.decode(meta, binding))
         check_announced_size(
             stats, meta.get(META_ANNOUNCED_N), bool(meta.get(META_NOISED)), trainer.num_train
         )

@@ -9,7 +9,12 @@ entry, as Opacus' accountants merge them (:func:`extend_history`).
 
 In an NVFlare job a site keeps its account in :data:`DP_STATE_FILE` in its working folder
 (:func:`dp_state_path`, :func:`save_accountant_state`), so a relaunched client process continues
-the same account (:func:`load_accountant_state`) instead of starting again from zero.
+the same account (:func:`load_accountant_state`) instead of starting again from zero. The file is
+named by the budget id, so every job of a budget (a resumed run, or jobs started at once under one
+id) continues the same history: :class:`fedweigh.secure.dp_sgd.DPSGD` re-reads it under
+:func:`accountant_lock` before each round and writes it back extended, so their steps compose. The
+file is trusted state: it is read only if the site's user alone can change it
+(:func:`fedweigh.secure.file_checks.check_private_file`), and written with mode 0600.
 """
 
 from __future__ import annotations
@@ -20,16 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from fedweigh.io import atomic_write_json
 from fedweigh.secure.dp_config import ACCOUNTANTS, DPConfig, job_site_path
+from fedweigh.secure.file_checks import check_private_file
 
 __all__ = [
+    "ACCOUNTANT_LOCK_TIMEOUT_S",
     "DP_STATE_FILE",
     "AccountantState",
     "History",
+    "accountant_lock",
     "dp_state_path",
     "epsilon_for",
     "extend_history",
+    "release_steps",
     "load_accountant_state",
     "make_accountant",
     "save_accountant_state",
@@ -38,6 +49,8 @@ __all__ = [
 #: File (in the client's working directory) that keeps a site's DP-SGD accountant for a job.
 DP_STATE_FILE = "fedweigh_dp_sgd_{job_id}_{site}.json"
 STATE_FORMAT = 1
+#: How long a job waits for another job's round planning or bookkeeping on the same accountant file.
+ACCOUNTANT_LOCK_TIMEOUT_S = 120.0
 
 History = list[tuple[float, float, int]]
 
@@ -71,6 +84,31 @@ def extend_history(history: History, sigma: float, sample_rate: float, steps: in
     return [*history, (sigma, sample_rate, steps)]
 
 
+def release_steps(history: History, sigma: float, sample_rate: float, steps: int) -> History:
+    """``history`` less ``steps`` steps at (sigma, q), taken from its entries at (sigma, q), the latest
+    first (composition does not depend on the order of the steps). ValueError if it holds fewer."""
+    if steps <= 0:
+        return list(history)
+    left, out = int(steps), list(history)
+    for i in range(len(out) - 1, -1, -1):
+        s, q, n = out[i]
+        if s == sigma and q == sample_rate and left:
+            taken = min(n, left)
+            out[i], left = (s, q, n - taken), left - taken
+    if left:
+        raise ValueError(
+            f"the DP-SGD accountant holds fewer than {steps} steps at (sigma={sigma}, q={sample_rate}) to release: "
+            "its file was changed by something other than this site's DP-SGD"
+        )
+    return [h for h in out if h[2] > 0]
+
+
+def accountant_lock(path: Path) -> FileLock:
+    """The lock every process of the site takes on ``<path>.lock`` while it reads, checks and extends the
+    accountant in ``path`` (``filelock``: ``fcntl.flock`` on POSIX)."""
+    return FileLock(f"{path}.lock", timeout=ACCOUNTANT_LOCK_TIMEOUT_S)
+
+
 def dp_state_path(job_id: str, site_name: str, folder: str | Path = ".") -> Path:
     """Where a site keeps its DP-SGD accountant for a job."""
     return job_site_path(DP_STATE_FILE, job_id, site_name, folder)
@@ -90,8 +128,11 @@ class AccountantState:
 def load_accountant_state(path: Path, config: DPConfig, site_name: str = "site") -> AccountantState:
     """The account kept in ``path``; ValueError if unreadable or written for other DP-SGD settings.
 
-    The file must name the same accountant, delta and target epsilon as ``config``.
+    The file must name the same accountant, delta and target epsilon as ``config``, and only the site's
+    user may be able to change it (PermissionError otherwise, naming the fix).
     """
+    if Path(path).exists():  # a missing file is named below, as an unreadable one
+        check_private_file(path, f"{site_name}: DP-SGD accountant", "anyone could erase the steps it counts")
     try:
         state = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -13,6 +13,26 @@ relaunched client process continues the same account. Per-sample gradients come 
 2021). FedProx's proximal gradient is added after the noise: it does not depend on the data and
 costs no privacy.
 
+Several processes on one accountant file (a relaunched client, a resumed run, two jobs started under
+one budget id: the file is named by the budget id) compose their steps into the one history, never
+overwrite each other's. Each round is planned and booked under the file's lock
+(:func:`fedweigh.secure.accountant.accountant_lock`), with the file re-read inside it:
+
+1. plan: re-read the history; compute the epsilon the round would reach on it; check the job's target
+   and the site policy's caps (:class:`fedweigh.site.policy.PrivacyGuard`, which reserves that figure in
+   the site's ledger); write the history back with the round's planned steps already in it, so that a
+   process planning meanwhile counts them;
+2. train, outside the lock;
+3. book: re-read the history (the reservation and whatever other processes added), replace the planned
+   steps by the steps taken, write it back and record the accountant's epsilon in the ledger.
+
+In the site's privacy ledger (:mod:`fedweigh.site.ledger`) the DP-SGD spend of an accountant file is
+one running total, the account ``accountant:<file name>``: the epsilon of the whole composed history
+(RDP/PRV composition over every process's steps), overwritten at every round. A resumed run continues
+the file and so that one total, and never adds a second copy of the history it continues; jobs of the
+budget that spend under other accounts (their label-statistics releases) add to it. Without a file
+(in-process runs) the account is the guard's job id and the history is this object's alone.
+
 No NVFlare import: the client script and the in-process benchmark both use this module.
 """
 
@@ -22,7 +42,8 @@ import logging
 import os
 import secrets
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +57,12 @@ from fedweigh.errors import PrivacyBudgetExhausted
 from fedweigh.secure.accountant import (
     AccountantState,
     History,
+    accountant_lock,
     epsilon_for,
     extend_history,
     load_accountant_state,
     make_accountant,
+    release_steps,
     save_accountant_state,
 )
 from fedweigh.secure.dp_config import DPConfig
@@ -75,12 +98,13 @@ _ONEDNN_HINT_GIVEN = False
 @dataclass(frozen=True)
 class _RoundPlan:
     """One round's sampling: the plain loader (Opacus' engine reads it), the Poisson loader trained on,
-    its rate q and the noise multiplier sigma."""
+    its rate q, the noise multiplier sigma and the steps planned (reserved in the accountant file)."""
 
     base_loader: Any
     loader: Any
     sample_rate: float
     sigma: float
+    steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,7 +154,8 @@ class DPSGD:
     Args:
         config: the job's DP-SGD settings.
         state_path: JSON file that keeps the accountant history between rounds and client processes
-            (None: memory only, e.g. in-process runs). An existing file is loaded.
+            (None: memory only, e.g. in-process runs). An existing file is loaded, and re-read under its
+            lock before and after every round (module docstring).
         site_name: names the site in messages.
         seed: seeds Poisson sampling and noise, for reproducible tests only. The default (None) draws
             fresh seeds from the OS each round: the job's seed is known to the server, and noise it
@@ -158,6 +183,9 @@ class DPSGD:
         self.sample_rate: float | None = None
         self.rounds: list[dict] = []
         self._epsilon_cache: dict[tuple, float] = {}
+        #: the ledger account of this accountant's running total (None: the guard's job id)
+        self.account: str | None = None if self.state_path is None else f"accountant:{self.state_path.name}"
+        self._lock = None if self.state_path is None else accountant_lock(self.state_path)
         if self.state_path is not None and self.state_path.is_file():
             self._load()
 
@@ -177,11 +205,35 @@ class DPSGD:
             self.epsilon(),
         )
 
-    def _save(self) -> None:
+    def _reread(self) -> bool:
+        """Inside the lock: take the history (and rounds) other processes on the file may have extended.
+        Returns whether the file was there to read."""
+        if self.state_path is None or not self.state_path.is_file():
+            return False
+        state = load_accountant_state(self.state_path, self.config, self.site_name)
+        self.accountant.history = state.history
+        self.rounds = state.rounds
+        if self.noise_multiplier is None:
+            self.noise_multiplier = state.noise_multiplier
+        if self.sample_rate is None:
+            self.sample_rate = state.sample_rate
+        return True
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the accountant file's lock (nothing to hold without a file)."""
+        if self._lock is None:
+            yield
+            return
+        with self._lock:
+            yield
+
+    def _save(self, history: History | None = None) -> None:
+        """Write the account (``history``: the accountant's own by default) to the state file."""
         if self.state_path is None:
             return
         state = AccountantState(
-            history=list(self.accountant.history),
+            history=list(self.accountant.history if history is None else history),
             noise_multiplier=self.noise_multiplier,
             sample_rate=self.sample_rate,
             rounds=self.rounds,
@@ -265,7 +317,8 @@ class DPSGD:
     # ---------------------------------------------------------------- training
     def _plan(self, data: LabeledImages, cfg: TrainConfig, total_rounds: int | None) -> _RoundPlan:
         """This round's Poisson loader, rate q, steps and sigma, checked against the site policy's caps
-        and the target epsilon before anything is trained (:class:`PrivacyBudgetExhausted`)."""
+        and the target epsilon before anything is trained (:class:`PrivacyBudgetExhausted`); with a state
+        file, on the history re-read under its lock, and the planned steps reserved in it."""
         from opacus.data_loader import DPDataLoader
 
         base_loader = make_loader(data, cfg.batch_size, shuffle=False, seed=0)
@@ -273,18 +326,39 @@ class DPSGD:
         sample_rate = float(loader.sample_rate)
         planned = cfg.epochs * len(loader)
         steps = planned if cfg.max_steps is None else min(planned, cfg.max_steps)
-        sigma = self._noise_multiplier(sample_rate, steps, total_rounds)
-        after = self._epsilon_of(extend_history(self.accountant.history, sigma, sample_rate, steps))
-        if self.config.epsilon is not None:
-            if after > self.config.epsilon * (1 + 1e-9):
-                raise PrivacyBudgetExhausted(
-                    f"{self.site_name}: DP-SGD budget exhausted: {self.total_steps} steps spent epsilon "
-                    f"{self.epsilon():.4f}; {steps} more would reach {after:.4f} > target {self.config.epsilon} "
-                    f"(planned for {total_rounds} rounds)"
+        with self._locked():
+            self._reread()
+            sigma = self._noise_multiplier(sample_rate, steps, total_rounds)
+            reserved = extend_history(self.accountant.history, sigma, sample_rate, steps)
+            after = self._epsilon_of(reserved)
+            if self.config.epsilon is not None:
+                if after > self.config.epsilon * (1 + 1e-9):
+                    raise PrivacyBudgetExhausted(
+                        f"{self.site_name}: DP-SGD budget exhausted: {self.total_steps} steps spent epsilon "
+                        f"{self.epsilon():.4f}; {steps} more would reach {after:.4f} > target "
+                        f"{self.config.epsilon} (planned for {total_rounds} rounds)"
+                    )
+            if self.guard is not None:  # the policy's delta bound and caps (reserved), before any step
+                self.guard.check(
+                    "dp_sgd", after, delta=self.config.delta, num_samples=len(data), account=self.account
                 )
-        if self.guard is not None:  # the policy's delta bound and caps (reserved), before any step
-            self.guard.check("dp_sgd", after, delta=self.config.delta, num_samples=len(data))
-        return _RoundPlan(base_loader, loader, sample_rate, sigma)
+            self.noise_multiplier, self.sample_rate = sigma, sample_rate
+            self._save(reserved)  # other processes on the file count the planned steps from now on
+        return _RoundPlan(base_loader, loader, sample_rate, sigma, steps)
+
+    def _book(self, plan: _RoundPlan, taken: int, mode: str) -> DPRoundReport:
+        """After training: under the lock, the file's history (re-read) with the round's reservation
+        replaced by the ``taken`` steps, saved, and its epsilon recorded with the guard."""
+        with self._locked():
+            if self._reread():  # the reservation and whatever other processes added meanwhile
+                history = release_steps(self.accountant.history, plan.sigma, plan.sample_rate, plan.steps)
+                self.accountant.history = extend_history(history, plan.sigma, plan.sample_rate, taken)
+            report = self._report(taken, mode)
+            self.rounds.append({"steps": taken, "epsilon": report.epsilon, "mode": mode})
+            self._save()
+            if self.guard is not None:
+                self.guard.record("dp_sgd", report.epsilon, self.config.delta, account=self.account)
+        return report
 
     def _make_private(
         self, model: nn.Module, optimizer: Any, criterion: Any, plan: _RoundPlan, mode: str, num_samples: int
@@ -397,12 +471,7 @@ class DPSGD:
             raise RuntimeError(
                 f"{self.site_name}: the accountant recorded {taken} steps, training took {result.num_steps}"
             )
-        report = self._report(result.num_steps, mode)
-        self.rounds.append({"steps": result.num_steps, "epsilon": report.epsilon, "mode": mode})
-        self._save()
-        if self.guard is not None:
-            self.guard.record("dp_sgd", report.epsilon, self.config.delta)
-        return result, report
+        return result, self._book(plan, result.num_steps, mode)
 
     @staticmethod
     def _add_prox_after_noise(

@@ -26,6 +26,7 @@ import numpy as np
 
 from fedweigh.io import atomic_write_json
 from fedweigh.secure.dp_config import LOCAL_JOB_ID, StatsDPConfig, job_site_path
+from fedweigh.secure.file_checks import check_private_file
 from fedweigh.secure.gaussian import HistogramRelease, privatize_histogram
 
 __all__ = ["STATS_RELEASE_FILE", "HistogramReleaser", "ReleasedHistogram"]
@@ -100,6 +101,9 @@ class HistogramReleaser:
         release = self.drawn
         path = self.path
         if release is None and path is not None and path.is_file():
+            check_private_file(
+                path, f"{self.site_name}: statistics release", "anyone could replace what this site revealed"
+            )
             release = HistogramRelease.from_dict(json.loads(path.read_text()))
             logger.info(
                 "%s: reusing the label statistics released earlier in job %s", self.site_name, self.job_id

@@ -131,9 +131,12 @@ class ClientArgs:
     dp_mode: str = _option("auto", help="DP-SGD: per-sample gradient implementation")
     stats_dp_epsilon: float | None = _option(
         None,
-        help="Gaussian noise on the label statistics (fedweigh.secure.dp_config.StatsDPConfig): its epsilon",
+        help="Gaussian noise on the label statistics (fedweigh.secure.dp_config.StatsDPConfig): its epsilon; "
+        "unset: each site's policy decides (statistics_epsilon, 1.0 by default; null there: exact statistics)",
     )
-    stats_dp_delta: float = _option(1e-5, help="statistics DP: delta")
+    stats_dp_delta: float = _option(
+        1e-5, help="statistics DP: delta (also of a site policy's default release)"
+    )
     he_precision_bits: int | None = _option(
         None,
         help="fractional bits b every site rounds decrypted CKKS values to, 2^-b (encrypted model updates and "
@@ -172,11 +175,16 @@ class ClientArgs:
             mode=self.dp_mode,
         )
 
-    def stats_dp_config(self) -> StatsDPConfig | None:
-        """The statistics-DP settings (``stats_dp_*``), or None when off."""
-        if self.stats_dp_epsilon is None:
+    def stats_dp_config(self, site_epsilon: float | None = None) -> StatsDPConfig | None:
+        """The statistics-DP settings a site releases its label histogram with, or None (exact).
+
+        The job's ``stats_dp_epsilon`` when set, else ``site_epsilon`` (the site policy's
+        ``statistics_epsilon``, :class:`fedweigh.site.policy.SitePolicy`); delta is the job's
+        ``stats_dp_delta`` either way. None only when both epsilons are None."""
+        epsilon = self.stats_dp_epsilon if self.stats_dp_epsilon is not None else site_epsilon
+        if epsilon is None:
             return None
-        return StatsDPConfig(epsilon=self.stats_dp_epsilon, delta=self.stats_dp_delta)
+        return StatsDPConfig(epsilon=epsilon, delta=self.stats_dp_delta)
 
     def train_config(self, *, fedprox_mu: float, seed: int, device: str) -> TrainConfig:
         """The local-training settings of one round (the round's FedProx mu and seed, the resolved device)."""
@@ -300,6 +308,4 @@ def ineffective_options(args: ClientArgs, device: str) -> list[str]:
             reasons.append(
                 f"{', '.join(changed)} ha{'ve' if len(changed) > 1 else 's'} no effect: DP-SGD is off"
             )
-    if args.stats_dp_epsilon is None and args.stats_dp_delta != defaults.stats_dp_delta:
-        reasons.append("stats_dp_delta has no effect: statistics DP is off (stats_dp_epsilon unset)")
     return reasons

@@ -9,6 +9,7 @@ optional; a missing one takes the default of the column that applies::
       "require_encrypted_updates": false,    # refuse jobs whose model updates travel in clear
       "require_dp": false,                   # refuse jobs without DP-SGD on the model updates
       "require_statistics_dp": false,        # refuse jobs without DP noise on the label statistics
+      "statistics_epsilon": 1.0,             # epsilon of the site's statistics release when the job sets none (null: exact)
       "max_epsilon_per_job": 10.0,           # DP-SGD + statistics epsilon within one budget (null: no cap)
       "max_epsilon_total": 100.0,            # over every budget this site ever spent (null: no cap)
       "max_delta": 1e-5,                     # largest delta of any one DP release (and always < 1/N_k)
@@ -24,6 +25,7 @@ statistics_modes           ``["secure"]``             ``["plain", "secure"]``
 require_encrypted_updates  false                      false
 require_dp                 false                      false
 require_statistics_dp      false                      false
+statistics_epsilon         1.0                        1.0
 max_epsilon_per_job        10.0                       none
 max_epsilon_total          100.0                      none
 max_delta                  1e-5                       1e-5
@@ -32,7 +34,11 @@ min_secure_sum             3                          2
 report_scalars             all four                   all four
 =========================  =========================  ============================================
 
-A policy file writable by every user of the machine is refused (anyone could loosen it).
+The policy file is read only if the site's user alone can change it, as ssh's ``StrictModes``
+judges its files (:func:`fedweigh.secure.file_checks.check_private_file`): after following links, it
+must be owned by the site's user or root and not writable by its group or others, and the folders
+holding it and every link to it must be writable by their owner (the site's user or root) only.
+Anything else is refused with a :class:`PermissionError` naming the file, the problem and the fix.
 
 A site whose startup kit is provisioned (it holds ``fed_client.json`` or ``rootCA.pem``) and that
 has no policy file gets the left column; anything else (``nvflare simulator``, the benchmark) the
@@ -45,9 +51,13 @@ applies it outside the job's code too, for jobs that bring their own (:mod:`fedw
 Epsilon is spent per *budget*: the id the server announces with every task (the first job's id,
 kept across ``resume_from``), so a resumed run continues its account instead of starting again at
 zero. The site keeps what each budget spent in its own ledger file (:class:`PrivacyLedger`), which
-no job can reset: ``max_epsilon_total`` caps the sum over every budget the site ever spent. The
-ledger (:mod:`fedweigh.site.ledger`) checks and records under a lock shared by every process of the
-site, so jobs running at once cannot together spend more than the cap.
+no job can reset and which is held to the same file check as the policy. Within a budget every job
+keeps its own entry (its running total), and the entries ADD: ``max_epsilon_per_job`` caps a budget's
+sum over its jobs (two jobs started under one budget id share that cap) and ``max_epsilon_total`` the
+sum over every budget the site ever spent. DP-SGD kept in an accountant file is one entry per file,
+which a resumed run continues rather than adds to (:mod:`fedweigh.site.ledger`). The ledger checks and
+records under a lock shared by every process of the site, so jobs running at once cannot together
+spend more than the caps.
 
 Delta is bounded per release: a job's ``dp_delta`` and ``stats_dp_delta`` must be at most
 ``max_delta`` and below 1/N_k (N_k: the site's training images), the usual requirement that delta
@@ -60,7 +70,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -69,6 +78,7 @@ from typing import Any
 from fedweigh.errors import PolicyRefusal
 from fedweigh.protocol import ABSOLUTE_MIN, SITE_POLICY_ENV, SITE_POLICY_FILE
 from fedweigh.secure.contexts import STARTUP_FOLDER, find_site_root, is_provisioned
+from fedweigh.secure.file_checks import check_private_file
 from fedweigh.site.ledger import MECHANISMS, PrivacyLedger
 from fedweigh.weighting.base import KNOWN_SCALARS
 
@@ -104,6 +114,9 @@ class SitePolicy:
     require_encrypted_updates: bool = False
     require_dp: bool = False
     require_statistics_dp: bool = False
+    #: epsilon of the site's one Gaussian release of its label statistics when the job sets no
+    #: ``stats_dp_epsilon`` (None: the site allows its exact statistics to leave it)
+    statistics_epsilon: float | None = 1.0
     max_epsilon_per_job: float | None = 10.0
     max_epsilon_total: float | None = 100.0
     max_delta: float = DEFAULT_MAX_DELTA
@@ -132,19 +145,16 @@ class SitePolicy:
 
     @classmethod
     def from_file(cls, path: str | Path, base: SitePolicy | None = None) -> SitePolicy:
+        """The policy in ``path`` (missing fields: ``base``'s values), if only the site's user can change
+        the file (module docstring): FileNotFoundError, PermissionError or ValueError naming the file."""
         path = Path(path)
+        check_private_file(path, "site policy", "anyone could loosen it")
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError as e:
             raise FileNotFoundError(f"site policy {path} does not exist") from e
         except json.JSONDecodeError as e:
             raise ValueError(f"site policy {path} is not valid JSON: {e}") from e
-        mode = path.stat().st_mode
-        if mode & stat.S_IWOTH:
-            raise PermissionError(
-                f"site policy {path} is writable by every user of this machine (mode {stat.filemode(mode)}): "
-                f"anyone could loosen it. Make it writable by its owner only: chmod o-w {path}"
-            )
         return cls.from_dict(raw, str(path), base)
 
     def as_dict(self) -> dict:
@@ -154,6 +164,7 @@ class SitePolicy:
             "require_encrypted_updates": self.require_encrypted_updates,
             "require_dp": self.require_dp,
             "require_statistics_dp": self.require_statistics_dp,
+            "statistics_epsilon": self.statistics_epsilon,
             "max_epsilon_per_job": self.max_epsilon_per_job,
             "max_epsilon_total": self.max_epsilon_total,
             "max_delta": self.max_delta,
@@ -175,7 +186,9 @@ class SitePolicy:
             return self._refuse(
                 "the job trains without DP-SGD, and this site requires DP on its model updates"
             )
-        if self.require_statistics_dp and stats_epsilon is None:
+        # a job that sets no statistics epsilon gets the site's own statistics_epsilon (None: exact), which
+        # the release itself checks against the caps and max_delta when (and if) the job has a statistics phase
+        if self.require_statistics_dp and stats_epsilon is None and self.statistics_epsilon is None:
             return self._refuse(
                 "the job releases the label statistics without DP noise, and this site requires it"
             )
@@ -250,6 +263,12 @@ def _check_field(origin: str, name: str, value: object) -> Any:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < math.inf):
             raise ValueError(f"{where} must be a number >= 0 or null (no cap), got {value!r}")
+        return float(value)
+    if name == "statistics_epsilon":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+            raise ValueError(f"{where} must be a number > 0 or null (exact statistics), got {value!r}")
         return float(value)
     if name == "read_dirs":
         if value is None:
@@ -326,14 +345,32 @@ class PrivacyGuard:
 
     DP-SGD (:class:`fedweigh.secure.dp_sgd.DPSGD`) and the statistics release
     (:class:`fedweigh.secure.stats_release.HistogramReleaser`) call :meth:`check` with the epsilon
-    they would reach and :meth:`record` with what they reached, under :attr:`budget_id`.
+    they would reach and :meth:`record` with what they reached, under :attr:`budget_id`. Each figure is
+    the running total of one *account* of the budget: :attr:`job_id` (the NVFlare job this process
+    serves) unless the caller names another (DP-SGD names its accountant file, which a resumed run
+    continues). The caps are checked on sums over the budget's accounts (:mod:`fedweigh.site.ledger`).
+
+    Args:
+        budget_id: the budget spent from (the NVFlare client re-points it to the id the server announces).
+        job_id: this process's job, the default account (default: ``budget_id`` as given here, which is
+            the NVFlare job id where the client builds the guard).
     """
 
-    def __init__(self, policy: SitePolicy, ledger: PrivacyLedger, site_name: str, budget_id: str) -> None:
+    def __init__(
+        self,
+        policy: SitePolicy,
+        ledger: PrivacyLedger,
+        site_name: str,
+        budget_id: str,
+        job_id: str | None = None,
+    ) -> None:
         self.policy = policy
         self.ledger = ledger
         self.site_name = site_name
         self.budget_id = str(budget_id)
+        self.job_id = str(job_id if job_id is not None else budget_id)
+        #: (budget, account, mechanism) this guard reserved: their records overwrite its own entry
+        self._reserved: set[tuple[str, str, str]] = set()
 
     def delta_refusal(self, mechanism: str, delta: float | None, num_samples: int | None) -> str | None:
         """Why ``mechanism`` may not release with ``delta`` on ``num_samples`` records, or None."""
@@ -349,13 +386,23 @@ class PrivacyGuard:
             )
         return None
 
-    def check(self, mechanism: str, epsilon: float, *, delta: float | None, num_samples: int | None) -> None:
-        """Raise :class:`PolicyRefusal` if ``mechanism`` reaching ``epsilon`` with ``delta`` on
-        ``num_samples`` records breaks the policy; otherwise reserve ``epsilon`` in the ledger, in the
-        same locked transaction (so that no other job can spend it meanwhile)."""
+    def check(
+        self,
+        mechanism: str,
+        epsilon: float,
+        *,
+        delta: float | None,
+        num_samples: int | None,
+        account: str | None = None,
+    ) -> None:
+        """Raise :class:`PolicyRefusal` if ``mechanism`` reaching ``epsilon`` (the running total of
+        ``account``, default :attr:`job_id`) with ``delta`` on ``num_samples`` records breaks the
+        policy; otherwise reserve ``epsilon`` in the ledger, in the same locked transaction (so that no
+        other job can spend it meanwhile)."""
         reason = self.delta_refusal(mechanism, delta, num_samples)
         if reason:
             raise PolicyRefusal(reason)
+        account = self.job_id if account is None else str(account)
 
         def caps(job: float, total: float) -> None:
             cap = self.policy.max_epsilon_per_job
@@ -371,14 +418,22 @@ class PrivacyGuard:
                     f"its max_epsilon_total={cap:g} (spent so far: {_total(self.ledger.entries):.4g}; site policy: {self.policy.source})"
                 )
 
-        self.ledger.reserve(self.budget_id, mechanism, epsilon, delta, check=caps)
+        self.ledger.reserve(self.budget_id, mechanism, epsilon, delta, check=caps, account=account)
+        self._reserved.add((self.budget_id, account, mechanism))
 
-    def record(self, mechanism: str, epsilon: float, delta: float | None = None) -> None:
-        """What ``mechanism`` reached (overwrites the figure reserved by :meth:`check`)."""
-        self.ledger.record(self.budget_id, mechanism, epsilon, delta)
+    def record(
+        self, mechanism: str, epsilon: float, delta: float | None = None, account: str | None = None
+    ) -> None:
+        """What ``mechanism`` of ``account`` (default :attr:`job_id`) reached: overwrites the figure
+        reserved by :meth:`check`. A figure this guard never reserved (a release kept from an earlier
+        job of the budget and reused) is recorded only if no account of the budget holds it already."""
+        account = self.job_id if account is None else str(account)
+        reused = (self.budget_id, account, mechanism) not in self._reserved
+        self.ledger.record(self.budget_id, mechanism, epsilon, delta, account, unless_held=reused)
 
 
 def _total(entries: Mapping[str, Mapping[str, float]]) -> float:
+    """The sum of every figure of ``entries`` (per budget and mechanism)."""
     return float(sum(sum(b.values()) for b in entries.values()))
 
 

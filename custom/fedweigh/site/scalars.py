@@ -18,7 +18,11 @@ from fedweigh.weighting import get_scheme
 from fedweigh.weighting.base import ScalarContext
 from fedweigh.weighting.geometry import use_model_buffers
 
-__all__ = ["plan_scalars", "wanted_scalars"]
+__all__ = ["MODEL_SCALARS", "plan_scalars", "wanted_scalars"]
+
+#: Client scalars computed from the model alone (FedDRAW's similarity): reporting only these releases
+#: nothing of the label histogram, so no statistics release (and no statistics budget) is made for them.
+MODEL_SCALARS: tuple[str, ...] = ("similarity",)
 
 
 def wanted_scalars(plan: Mapping[str, Any]) -> tuple[str, ...]:

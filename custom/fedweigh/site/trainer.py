@@ -7,6 +7,7 @@ The NVFlare client script (:mod:`fedweigh.flare.client`) and the in-process benc
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,8 @@ from fedweigh.secure.dp_config import LOCAL_JOB_ID
 from fedweigh.secure.dp_sgd import DPSGD, DPRoundReport
 from fedweigh.secure.stats_release import HistogramReleaser, ReleasedHistogram
 from fedweigh.site.args import ClientArgs, ineffective_options
-from fedweigh.site.scalars import plan_scalars, wanted_scalars
+from fedweigh.site.policy import PERMISSIVE_DEFAULT, SitePolicy
+from fedweigh.site.scalars import MODEL_SCALARS, plan_scalars, wanted_scalars
 from fedweigh.train import (
     TrainResult,
     evaluate,
@@ -81,6 +83,12 @@ class SiteTrainer:
             announces (the first job's id, kept across ``resume_from``).
         privacy_guard: the site policy's epsilon caps (:class:`fedweigh.site.policy.PrivacyGuard`), given
             to DP-SGD and the statistics release; None: no caps beyond the job's own.
+        policy: the site's policy; its ``statistics_epsilon`` noises the label statistics when the job
+            sets no ``stats_dp_epsilon``. None: the guard's policy, else the permissive default (whose
+            statistics epsilon is 1.0 too: private by default, in simulation as well).
+        release_seed: the benchmark's reproducible statistics noise (drawn from ``release_seed`` and the
+            site's name, so that a cell is the same in any process); None (every NVFlare client): noise
+            from the OS, never from a seed the server knows.
     """
 
     def __init__(
@@ -91,6 +99,8 @@ class SiteTrainer:
         threads: int | None = None,
         job_id: str = LOCAL_JOB_ID,
         privacy_guard=None,
+        policy: SitePolicy | None = None,
+        release_seed: int | None = None,
     ):
         self.site_name = site.name
         self.site = site
@@ -110,9 +120,17 @@ class SiteTrainer:
         #: The federation's label statistics from the statistics phase (None before it, or without it).
         self.global_stats: GlobalStats | None = None
         self.privacy_guard = privacy_guard
+        if policy is None:
+            policy = getattr(privacy_guard, "policy", None) or PERMISSIVE_DEFAULT
+        #: the site policy the statistics release follows (its ``statistics_epsilon``)
+        self.policy: SitePolicy = policy
+        self.release_seed = release_seed
         self._warned_empty_histogram = False
-        #: The once-per-job release of this site's label histogram (noised when statistics DP is on).
-        self.releaser = HistogramReleaser(args.stats_dp_config(), self.site_name, job_id, guard=privacy_guard)
+        #: The once-per-job release of this site's label histogram: noised with the job's
+        #: ``stats_dp_epsilon``, else the policy's ``statistics_epsilon``; exact only when both are None.
+        self.releaser = HistogramReleaser(
+            args.stats_dp_config(policy.statistics_epsilon), self.site_name, job_id, guard=privacy_guard
+        )
         #: The global model this site received in its previous training round (FedDRAW's
         #: similarity="direction" compares its update with the global update since then).
         self.previous_global: dict[str, np.ndarray] | None = None
@@ -152,7 +170,10 @@ class SiteTrainer:
         same release, so no further budget is spent).
         """
         train = self.site.train
-        return self.releaser.release(self.class_counts, len(train), train.task)
+        rng = None
+        if self.release_seed is not None:  # the benchmark's reproducible draw (class docstring)
+            rng = np.random.default_rng([int(self.release_seed), zlib.crc32(self.site_name.encode())])
+        return self.releaser.release(self.class_counts, len(train), train.task, rng)
 
     def make_loss(self):
         """The configured loss, built from this site's (and, if known, the global) label statistics."""
@@ -214,9 +235,13 @@ class SiteTrainer:
     def scheme_scalars(self, plan: dict, params: dict, global_params: dict) -> dict[str, float]:
         """The scalars the server's scheme asked for, computed by :func:`fedweigh.site.scalars.plan_scalars`
         (the scheme's own code, with the model's exact buffers, as the server's)."""
-        if not wanted_scalars(plan):  # only what the plan asks for, never more
+        wanted = wanted_scalars(plan)
+        if not wanted:  # only what the plan asks for, never more
             return {}
-        release = self.released_statistics()  # the noised release when statistics DP is on
+        if set(wanted) <= set(MODEL_SCALARS):  # nothing of the histogram is reported: no release, no budget
+            release = ReleasedHistogram(self.class_counts, self.num_train, None, None)
+        else:
+            release = self.released_statistics()  # the noised release when statistics DP is on
         if not np.any(np.asarray(release.class_counts) > 0) and not self._warned_empty_histogram:
             self._warned_empty_histogram = True  # once per job: the histogram does not change
             logger.warning(
