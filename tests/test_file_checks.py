@@ -174,6 +174,34 @@ def test_the_dp_sgd_accountant_file_is_held_to_the_check(tmp_path):
     assert load_accountant_state(path, config, "site-a").history == [(1.0, 0.1, 3)]
     os.chmod(path, 0o646)
     with pytest.raises(
-        PermissionError, match=r"site-a: DP-SGD accountant .*account\.json is writable by every"
+        PermissionError,
+        match=r"site-a: DP-SGD accountant .*account\.json is writable by every user of this machine "
+        r"\(mode -rw-r--rw-\): anyone could erase the steps it counts\. Make it",
     ):
         load_accountant_state(path, config, "site-a")
+
+
+def test_a_kept_statistics_release_is_held_to_the_check(tmp_path):
+    """The release a site reuses in a later task or process must be its own: a file others could write
+    is refused before it is read, naming the file and what a writer could do."""
+    import numpy as np
+
+    from fedweigh.secure.dp_config import StatsDPConfig
+    from fedweigh.secure.stats_release import HistogramReleaser
+
+    folder = private_folder(tmp_path, "site")
+    releaser = HistogramReleaser(StatsDPConfig(epsilon=1.0), "site-a", "job-1", folder=folder)
+    first = releaser.release(np.array([30, 40]), 100, "multilabel")
+    assert releaser.path.stat().st_mode & 0o022 == 0
+    again = HistogramReleaser(StatsDPConfig(epsilon=1.0), "site-a", "job-1", folder=folder)
+    assert again.release(np.array([30, 40]), 100, "multilabel").class_counts.tolist() == (
+        first.class_counts.tolist()
+    )
+    os.chmod(releaser.path, 0o646)
+    later = HistogramReleaser(StatsDPConfig(epsilon=1.0), "site-a", "job-1", folder=folder)
+    with pytest.raises(
+        PermissionError,
+        match=r"^site-a: statistics release .*fedweigh_stats_dp_job-1_site-a\.json is writable by every user "
+        r"of this machine \(mode -rw-r--rw-\): anyone could replace what this site revealed\. Make it",
+    ):
+        later.release(np.array([30, 40]), 100, "multilabel")

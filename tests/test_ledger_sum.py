@@ -237,3 +237,42 @@ def test_a_resumed_run_continues_the_accountants_running_total(tmp_path):
     resumed = _round(_dp(state, ledger, "job-2"), 2)
     assert resumed.total_steps == 4 and resumed.epsilon > first.epsilon
     assert PrivacyLedger(ledger).spent(BUDGET) == resumed.epsilon
+
+
+# ---------------------------------------------------------------------------------- release_steps
+def test_releasing_no_steps_leaves_the_history_as_it_is():
+    from fedweigh.secure.accountant import release_steps
+
+    history = [(1.0, 0.1, 3), (2.0, 0.1, 0)]
+    assert release_steps(history, 1.0, 0.1, 0) == history
+    assert release_steps(history, 1.0, 0.1, -2) == history
+
+
+def test_released_steps_come_only_from_entries_of_the_same_sigma_and_rate_latest_first():
+    from fedweigh.secure.accountant import release_steps
+
+    # the one entry to take from sits one place before the end; later entries differ in sigma or rate
+    assert release_steps([(1.0, 0.1, 3), (2.0, 0.1, 2)], 1.0, 0.1, 2) == [(1.0, 0.1, 1), (2.0, 0.1, 2)]
+    assert release_steps([(1.0, 0.1, 3), (1.0, 0.2, 2)], 1.0, 0.1, 1) == [(1.0, 0.1, 2), (1.0, 0.2, 2)]
+    assert release_steps([(1.0, 0.1, 3)], 1.0, 0.1, 1) == [(1.0, 0.1, 2)]
+    # an entry emptied is dropped, one left with a single step is kept
+    assert release_steps([(1.0, 0.1, 2), (1.0, 0.1, 3)], 1.0, 0.1, 4) == [(1.0, 0.1, 1)]
+
+
+def test_releasing_more_steps_than_recorded_names_a_changed_file():
+    from fedweigh.secure.accountant import release_steps
+
+    with pytest.raises(
+        ValueError,
+        match=r"^the DP-SGD accountant holds fewer than 4 steps at \(sigma=1\.0, q=0\.1\) to release: "
+        r"its file was changed by something other than this site's DP-SGD$",
+    ):
+        release_steps([(1.0, 0.1, 3), (2.0, 0.1, 5)], 1.0, 0.1, 4)
+
+
+def test_the_accountant_lock_waits_a_bounded_time(tmp_path):
+    from fedweigh.secure.accountant import ACCOUNTANT_LOCK_TIMEOUT_S, accountant_lock
+
+    lock = accountant_lock(tmp_path / "account.json")
+    assert lock.lock_file == f"{tmp_path / 'account.json'}.lock"
+    assert lock.timeout == ACCOUNTANT_LOCK_TIMEOUT_S == 120.0

@@ -247,6 +247,35 @@ def test_max_delta_lies_strictly_between_zero_and_one():
             SitePolicy.from_dict({"max_delta": bad}, "o")
 
 
+def test_statistics_epsilon_is_a_positive_finite_number_or_null():
+    assert SitePolicy.from_dict({"statistics_epsilon": 2}, "o").statistics_epsilon == 2.0
+    assert SitePolicy.from_dict({"statistics_epsilon": 1e-300}, "o").statistics_epsilon == 1e-300
+    assert SitePolicy.from_dict({"statistics_epsilon": None}, "o").statistics_epsilon is None
+    for bad in (0, 0.0, -1.0, math.inf, math.nan, True, "1.0", [1.0]):
+        with pytest.raises(
+            ValueError,
+            match=exactly(
+                f"site policy o: statistics_epsilon must be a number > 0 or null (exact statistics), got {bad!r}"
+            ),
+        ):
+            SitePolicy.from_dict({"statistics_epsilon": bad}, "o")
+
+
+def test_a_guards_record_overwrites_what_it_reserved_even_where_another_job_holds_that_figure(tmp_path):
+    """Job A of a budget reached 1.5; job B reserves 2.0 and reaches 1.5: B's entry is 1.5 (its own
+    reservation overwritten), so the budget holds 3.0, not A's 1.5 plus B's reserved 2.0."""
+    ledger = PrivacyLedger(tmp_path / "ledger.json")
+    policy = SitePolicy(source="t")
+    first = PrivacyGuard(policy, ledger, "site-a", "budget", job_id="job-a")
+    first.check("statistics", 1.5, delta=1e-5, num_samples=1000)
+    first.record("statistics", 1.5, 1e-5)
+    second = PrivacyGuard(policy, ledger, "site-a", "budget", job_id="job-b")
+    second.check("statistics", 2.0, delta=1e-5, num_samples=1000)
+    assert ledger.spent("budget") == pytest.approx(3.5)
+    second.record("statistics", 1.5, 1e-5)
+    assert ledger.spent("budget") == pytest.approx(3.0)
+
+
 def test_min_secure_sum_is_an_integer_of_at_least_two():
     assert SitePolicy.from_dict({"min_secure_sum": 2}, "o").min_secure_sum == 2
     assert SitePolicy.from_dict({"min_secure_sum": 17}, "o").min_secure_sum == 17
