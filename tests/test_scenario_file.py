@@ -149,7 +149,7 @@ def test_the_hospitals_example_names_its_sites_and_mixes_the_test_set_equally():
         ),
         ({"name": "x", "sites": [{"share": 1}], "shift": -1}, "shift: expected a number in [0, inf), got -1"),
         ("[1, 2]", "scenario file bad.json: expected a mapping of scenario fields, got [1, 2]"),
-        ("{", "scenario file bad.json: not valid JSON"),
+        ("{", "scenario file bad.json, line 1, column 2: not valid JSON"),
     ],
 )
 def test_bad_files_give_one_line_errors_naming_file_and_field(tmp_path, content, message):
@@ -157,6 +157,33 @@ def test_bad_files_give_one_line_errors_naming_file_and_field(tmp_path, content,
     with pytest.raises(ScenarioFileError) as err:
         load_scenario_file(path)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "bad.yaml",
+            "name: x\nsites:\n  - share: 1\n   - share: 2\n",
+            "scenario file bad.yaml, line 4, column 4: not valid YAML: expected <block end>, but found",
+        ),
+        (
+            "bad.yml",
+            "name: [x\n",
+            "scenario file bad.yml, line 2, column 1: not valid YML: expected ',' or ']'",
+        ),
+        (
+            "bad.json",
+            '{"name": "x",\n "sites": }',
+            "scenario file bad.json, line 2, column 11: not valid JSON: ",
+        ),
+    ],
+)
+def test_a_syntax_error_names_the_file_line_and_column(tmp_path, name, content, message):
+    path = _write(tmp_path, name, content)
+    with pytest.raises(ScenarioFileError) as err:
+        load_scenario_file(path)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
 
 
 def test_a_missing_file_is_named(tmp_path):

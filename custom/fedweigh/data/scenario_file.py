@@ -116,6 +116,24 @@ def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
+def _where(error: Exception) -> str:
+    """ ", line L, column C" (1-based) of a JSON or YAML parse error, where the parser marks one."""
+    if isinstance(error, json.JSONDecodeError):
+        return f", line {error.lineno}, column {error.colno}"
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    return "" if mark is None else f", line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _problem(error: Exception) -> str:
+    """The parser's one-line description of what is wrong."""
+    if isinstance(error, json.JSONDecodeError):
+        return error.msg
+    problem = getattr(error, "problem", None) or getattr(error, "context", None)
+    if problem:
+        return str(problem)
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def _read_mapping(path: Path) -> dict:
     try:
         text = path.read_text()
@@ -124,9 +142,8 @@ def _read_mapping(path: Path) -> dict:
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ScenarioFileError(
-            f"scenario file {path.name}: not valid {path.suffix[1:].upper()}: {first}"
+            f"scenario file {path.name}{_where(e)}: not valid {path.suffix[1:].upper()}: {_problem(e)}"
         ) from None
     if not isinstance(data, dict):
         raise ScenarioFileError(
