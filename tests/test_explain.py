@@ -299,9 +299,15 @@ def test_load_global_model_errors_name_the_file(tmp_path) -> None:
     assert str(path) in str(err.value) and "net.head.weight" in str(err.value)
     dense = tmp_path / "dense.pt"
     torch.save(FedweighNet(arch="densenet_compact", num_classes=14).state_dict(), dense)
-    with pytest.raises(ValueError, match="missing keys") as err:
+    with pytest.raises(ValueError, match="holds a FedweighNet of arch='densenet_compact'") as err:
         load_global_model(dense)
     assert str(dense) in str(err.value)
+    partial = tmp_path / "partial.pt"
+    state = _vit(num_classes=14).state_dict()
+    state.pop(next(iter(state)))  # a ViT with one array gone matches no architecture: the keys are listed
+    torch.save(state, partial)
+    with pytest.raises(ValueError, match="missing keys"):
+        load_global_model(partial)
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="garbage.pt"):
@@ -364,3 +370,20 @@ def test_cli_errors_return_2_and_name_the_problem(tmp_path, monkeypatch, capsys)
     assert "nope" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _parse(["explain", "--arch", "densenet_compact"])
+
+
+def test_a_checkpoint_of_another_architecture_is_named_with_the_one_needed(tmp_path) -> None:
+    from fedweigh.explain.checkpoint import load_global_model
+
+    path = tmp_path / "FL_global_model.pt"
+    torch.save({"model": FedweighNet(arch="densenet_compact", num_classes=3, img_size=32).state_dict()}, path)
+    with pytest.raises(ValueError) as err:
+        load_global_model(path, arch="vit", num_classes=3, img_size=32)
+    assert str(err.value) == (
+        f"{path}: the checkpoint holds a FedweighNet of arch='densenet_compact', and this needs arch='vit': "
+        "use a checkpoint of a job trained with arch='vit'"
+    )
+    # a checkpoint of the right architecture but another head still lists what does not match
+    torch.save({"model": _vit(num_classes=5).state_dict()}, path)
+    with pytest.raises(ValueError, match="shape mismatches"):
+        load_global_model(path, arch="vit", num_classes=3, img_size=32)

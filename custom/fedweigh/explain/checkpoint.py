@@ -30,6 +30,31 @@ def _sample(keys: Sequence[str], limit: int = 5) -> str:
     return f"{shown}, ... ({len(keys)} in all)" if len(keys) > limit else shown
 
 
+def _architecture_of(
+    weights: dict, asked: str, num_classes: int, in_channels: int, img_size: int, norm: str
+) -> str | None:
+    """The other architecture of :data:`fedweigh.models.ARCHITECTURES` whose parameter names are exactly
+    the checkpoint's (shapes aside), or None."""
+    from fedweigh.models import ARCHITECTURES, FedweighNet
+
+    for name in ARCHITECTURES:
+        if name == asked:
+            continue
+        try:
+            keys = (
+                FedweighNet(
+                    arch=name, num_classes=num_classes, in_channels=in_channels, img_size=img_size, norm=norm
+                )
+                .state_dict()
+                .keys()
+            )
+        except Exception:  # noqa: BLE001 - an architecture these settings cannot build is not the one
+            continue
+        if set(keys) == set(weights):
+            return name
+    return None
+
+
 def load_global_model(
     path: str | Path,
     arch: str = "vit",
@@ -83,6 +108,13 @@ def load_global_model(
         for k, v in expected.items()
         if k in weights and weights[k].shape != v.shape
     ]
+    if missing or unexpected:
+        found = _architecture_of(weights, arch, num_classes, in_channels, img_size, norm)
+        if found is not None:
+            raise ValueError(
+                f"{path}: the checkpoint holds a FedweighNet of arch={found!r}, and this needs arch={arch!r}: "
+                f"use a checkpoint of a job trained with arch={arch!r}"
+            )
     if missing or unexpected or mismatched:
         problems = []
         if missing:
