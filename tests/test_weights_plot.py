@@ -47,3 +47,16 @@ def test_rounds_are_whole_numbers_and_the_reference_is_drawn(tmp_path, kept_figu
     dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert len(dashed) == 11
     assert dashed[0].get_ydata()[0] == pytest.approx(sizes["site-1"])
+
+
+def test_weights_are_drawn_as_steps_one_flat_value_per_round(tmp_path, kept_figures):
+    """A round's weight holds across the round (r - 0.5 .. r + 0.5) and jumps at the half-rounds: no ramp
+    between two rounds' values."""
+    weights = [{"site-1": 0.2, "site-2": 0.8}, {"site-1": 0.6, "site-2": 0.4}, {"site-1": 0.5, "site-2": 0.5}]
+    plot_client_weights([1, 2, 3], weights, tmp_path / "w.png")
+    (fig,) = kept_figures
+    ax = fig.axes[0]
+    first = ax.collections[0].get_paths()[0].vertices  # site-1's band, from 0 up to its weight
+    top = sorted({(round(float(x), 6), round(float(y), 6)) for x, y in first if y > 0})
+    assert top == [(0.5, 0.2), (1.5, 0.2), (1.5, 0.6), (2.5, 0.5), (2.5, 0.6), (3.5, 0.5)]
+    assert ax.get_xlim() == pytest.approx((0.5, 3.5))

@@ -37,7 +37,8 @@ def plot_client_weights(
     reference: Mapping[str, float] | None = None,
     skipped: Sequence[int] = (),
 ) -> Path:
-    """Stacked area of each site's aggregation weight per round (one band, one colour per site).
+    """Stacked steps of each site's aggregation weight per round (one band, one colour per site; a
+    round's weights hold across its whole width, as the round used them).
 
     ``skipped``: rounds that did not aggregate (the global model was kept); they are shaded and
     labelled, and the bands are not drawn through them (no interpolation across a skipped round).
@@ -78,9 +79,8 @@ def plot_client_weights(
     ax.set_xlabel("round")
     ax.set_ylabel("aggregation weight")
     every = [*rounds, *skipped]
-    ax.set_xlim(min(every) - (0.5 if skipped else 0), max(every) + (0.5 if skipped else 0)) if len(
-        every
-    ) > 1 else None
+    if every:
+        ax.set_xlim(min(every) - 0.5, max(every) + 0.5)
     ax.set_title(title or "client weights by round")
     fig.tight_layout()
     out = write_figure(path, fig, dpi=110)
@@ -91,8 +91,9 @@ def plot_client_weights(
 def _segments(
     rounds: list[int], matrix: np.ndarray, skipped: set[int]
 ) -> list[tuple[list[float], np.ndarray]]:
-    """Runs of aggregated rounds not broken by a skipped round; a lone round becomes a narrow band
-    (x - 0.4 .. x + 0.4) so that it shows."""
+    """Runs of aggregated rounds not broken by a skipped round, drawn as steps: round r's weights hold
+    from r - 0.5 to r + 0.5 (a weight is what one round used, not a ramp between rounds), so each round's
+    value appears twice and the band jumps at the half-rounds."""
     runs: list[list[int]] = []
     for i, r in enumerate(rounds):
         if runs and not any(rounds[runs[-1][-1]] < s < r for s in skipped):
@@ -101,11 +102,8 @@ def _segments(
             runs.append([i])
     out = []
     for run in runs:
-        x = [float(rounds[i]) for i in run]
-        block = matrix[:, run]
-        if len(run) == 1:
-            x, block = [x[0] - 0.4, x[0] + 0.4], np.repeat(block, 2, axis=1)
-        out.append((x, block))
+        x = [edge for i in run for edge in (rounds[i] - 0.5, rounds[i] + 0.5)]
+        out.append(([float(v) for v in x], np.repeat(matrix[:, run], 2, axis=1)))
     return out
 
 
