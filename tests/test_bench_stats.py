@@ -363,3 +363,25 @@ def test_effects_plot_draws_the_seed_paired_intervals_when_the_summary_has_them(
         }
         plot_effects(summary, path, "effects", endpoint="final")
     assert _rounded(effect_points(figures[path]))["sc"] == {"feddraw": (-0.03, -0.05, -0.01, True)}
+
+
+def test_a_decision_curve_axis_stays_within_the_range_net_benefit_is_read_in(tmp_path, monkeypatch):
+    """Net benefit far below zero (a model worse than treating no one) is clipped at a tenth of the top
+    below zero, not scaled to: the axis shows where the curves can be useful."""
+    import matplotlib.pyplot as plt
+
+    from fedweigh.bench.plots import plot_decision_curves
+
+    close, kept = plt.close, []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    thresholds = np.linspace(0.01, 0.99, 50)
+    curves = {"a": np.linspace(0.2, -0.68, 50), "b": np.linspace(0.1, 0.0, 50)}
+    plot_decision_curves(thresholds, curves, np.linspace(0.2, -5.0, 50), tmp_path / "dc.png", "t")
+    plot_decision_curves(
+        thresholds, {"a": np.linspace(0.3, 0.0, 50)}, np.linspace(0.3, -0.2, 50), tmp_path / "dc2.png", "t"
+    )
+    (low, high), (low2, high2) = (fig.axes[0].get_ylim() for fig in kept)
+    for fig in kept:
+        close(fig)
+    assert high == pytest.approx(0.2 * 1.1 + 0.01) and low == pytest.approx(-0.1 * high)
+    assert low2 == pytest.approx(-0.01) and high2 == pytest.approx(0.3 * 1.1 + 0.01)

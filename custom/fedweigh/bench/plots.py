@@ -248,7 +248,10 @@ def plot_decision_curves(
     ax.plot(thresholds, treat_all, color="black", linestyle="--", linewidth=1, label="treat all")
     ax.axhline(0.0, color="grey", linestyle=":", linewidth=1, label="treat none")
     finite = np.concatenate([np.asarray(v)[np.isfinite(v)] for v in curves.values()] + [np.zeros(1)])
-    ax.set_ylim(min(-0.05, float(np.nanmin(finite)) - 0.01), max(0.05, float(np.nanmax(finite)) * 1.1 + 0.01))
+    top = max(0.05, float(np.nanmax(finite)) * 1.1 + 0.01)
+    # as decision curves are read (Vickers & Elkin 2006): down to a tenth of the top below zero, where a
+    # model is worse than treating no one; lower net benefits are clipped at the axis, not scaled to
+    ax.set_ylim(max(min(-0.01, float(np.nanmin(finite)) - 0.01), -0.1 * top), top)
     ax.set_xlabel("threshold probability")
     ax.set_ylabel("net benefit (macro)")
     ax.set_title(title)
