@@ -58,5 +58,15 @@ def test_weights_are_drawn_as_steps_one_flat_value_per_round(tmp_path, kept_figu
     ax = fig.axes[0]
     first = ax.collections[0].get_paths()[0].vertices  # site-1's band, from 0 up to its weight
     top = sorted({(round(float(x), 6), round(float(y), 6)) for x, y in first if y > 0})
-    assert top == [(0.5, 0.2), (1.5, 0.2), (1.5, 0.6), (2.5, 0.5), (2.5, 0.6), (3.5, 0.5)]
+    assert top == [
+        (0.5, 0.2),
+        (1.0, 0.2),
+        (1.5, 0.2),
+        (1.5, 0.6),
+        (2.0, 0.6),
+        (2.5, 0.5),
+        (2.5, 0.6),
+        (3.0, 0.5),
+        (3.5, 0.5),
+    ]
     assert ax.get_xlim() == pytest.approx((0.5, 3.5))

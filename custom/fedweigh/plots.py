@@ -93,7 +93,7 @@ def _segments(
 ) -> list[tuple[list[float], np.ndarray]]:
     """Runs of aggregated rounds not broken by a skipped round, drawn as steps: round r's weights hold
     from r - 0.5 to r + 0.5 (a weight is what one round used, not a ramp between rounds), so each round's
-    value appears twice and the band jumps at the half-rounds."""
+    value appears three times (at r - 0.5, r and r + 0.5) and the band jumps at the half-rounds."""
     runs: list[list[int]] = []
     for i, r in enumerate(rounds):
         if runs and not any(rounds[runs[-1][-1]] < s < r for s in skipped):
@@ -102,8 +102,8 @@ def _segments(
             runs.append([i])
     out = []
     for run in runs:
-        x = [edge for i in run for edge in (rounds[i] - 0.5, rounds[i] + 0.5)]
-        out.append(([float(v) for v in x], np.repeat(matrix[:, run], 2, axis=1)))
+        x = [edge for i in run for edge in (rounds[i] - 0.5, rounds[i], rounds[i] + 0.5)]
+        out.append(([float(v) for v in x], np.repeat(matrix[:, run], 3, axis=1)))
     return out
 
 
