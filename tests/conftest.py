@@ -101,6 +101,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FEDWEIGH_CACHE", os.path.join(os.path.dirname(__file__), "..", ".cache", "test-data"))
 
 
+@pytest.fixture(scope="module")
+def keys():
+    """A CKKS key pair as HE sites (secret) and the server (public context only) hold it."""
+    from types import SimpleNamespace
+
+    from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
+
+    secret = make_context()
+    public = context_from_bytes(serialize_context(secret, with_secret_key=False), role="server")
+    return SimpleNamespace(secret=secret, public=public)
+
+
 @pytest.fixture
 def sim_keys(tmp_path, monkeypatch):
     """Simulation keys (they hold a secret key too) in the environment; the working folder in tmp_path."""

@@ -20,10 +20,8 @@ from fedweigh.flare.statistics import META_MODE, META_STEP, answer_statistics_ta
 from fedweigh.histograms import META_EXCHANGE_ID, decode_sum, statistics_vector
 from fedweigh.secure.contexts import (
     CONTEXT_DIR_ENV,
-    context_from_bytes,
     make_context,
     save_context_files,
-    serialize_context,
 )
 from fedweigh.secure.stats_release import ReleasedHistogram
 from fedweigh.secure.updates import decode_global, decrypt_global, encode_update
@@ -42,13 +40,6 @@ _spec.loader.exec_module(attacks_he)
 
 SITES = ("site-1", "site-2", "site-3", "site-4")
 ATTACKER = "site-4"
-
-
-@pytest.fixture(scope="module")
-def keys():
-    secret = make_context()
-    public = context_from_bytes(serialize_context(secret, with_secret_key=False), role="server")
-    return SimpleNamespace(secret=secret, public=public)
 
 
 def small_model() -> dict[str, np.ndarray]:

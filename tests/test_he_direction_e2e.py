@@ -4,40 +4,15 @@ with ``RoundStep`` and ``EncryptedGlobalModel``; site-4 sends its own update neg
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
-import pytest
+from test_he_attacks import ATTACKER, SITES, small_model
 
-from fedweigh.secure.contexts import context_from_bytes, make_context, serialize_context
 from fedweigh.secure.updates import decrypt_global, encode_update
 from fedweigh.server.encrypted import EncryptedGlobalModel
 from fedweigh.server.rounds import ClientResult, RoundStep
 from fedweigh.server.safeguards import Safeguards
 from fedweigh.site.he_guard import HEModelGuard
 from fedweigh.weighting import get_scheme
-
-SITES = ("site-1", "site-2", "site-3", "site-4")
-ATTACKER = "site-4"
-
-
-@pytest.fixture(scope="module")
-def keys():
-    secret = make_context()
-    public = context_from_bytes(serialize_context(secret, with_secret_key=False), role="server")
-    return SimpleNamespace(secret=secret, public=public)
-
-
-def small_model() -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "conv.weight": rng.normal(0, 0.1, (8, 1, 3, 3)).astype(np.float32),
-        "bn.weight": np.ones(8, np.float32),
-        "bn.bias": np.zeros(8, np.float32),
-        "bn.running_var": np.ones(8, np.float32),
-        "fc.weight": rng.normal(0, 0.1, (4, 300)).astype(np.float32),
-        "fc.bias": np.zeros(4, np.float32),
-    }
 
 
 class Training:
