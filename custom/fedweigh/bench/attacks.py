@@ -58,19 +58,17 @@ import numpy as np
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.bench.config import SAFEGUARDS, BenchConfig, bench_safeguards, cell_args, make_config
-from fedweigh.bench.federations import federation_for, pool_sites
-from fedweigh.bench.modes import TestScorer
-from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool, make_sites
+from fedweigh.bench.federations import federation_for
+from fedweigh.bench.modes import run_federated
+from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool
 from fedweigh.data.base import Federation, SiteData
 from fedweigh.data.scenarios import Scenario
-from fedweigh.histograms import global_stats_of
 from fedweigh.io import atomic_write_text
+from fedweigh.metrics import evaluate_scores
 from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS
-from fedweigh.server.loop import LoopSettings, TrainTask, run_rounds
-from fedweigh.server.model_check import ModelProbe
+from fedweigh.server.loop import TrainTask
 from fedweigh.server.records import RoundRecorder
-from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
-from fedweigh.weighting.geometry import use_model_buffers
+from fedweigh.server.rounds import ClientResult
 
 __all__ = [
     "ATTACKS",
@@ -559,8 +557,9 @@ def run_attack(
     on_transport: Callable[[InProcessSites], None] | None = None,
 ) -> AttackRecord:
     """One run of ``attack`` by ``attackers`` of ``sites`` sites (None: the clean run) through
-    :func:`~fedweigh.server.loop.run_rounds`, set up as :func:`fedweigh.bench.modes.run_federated`
-    sets up a cell (:func:`attack_config` gives the settings).
+    :func:`~fedweigh.server.loop.run_rounds`: the bench's own federated run
+    (:func:`fedweigh.bench.modes.run_federated`) with a transport that tampers with the attackers' results
+    (:func:`attack_config` gives the settings).
 
     ``clean_auc``: the clean run's AUC (None: run it here). ``recorder``: where the rounds go
     (default: a new one in memory). ``on_transport``: called with the transport before the rounds
@@ -585,41 +584,25 @@ def run_attack(
     fed = _federation(config, seed, names, chosen)
     spec = config.spec(scheme)
     args = cell_args(config, config.scenarios[0], seed, spec)
-    scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold)
-    scheme_obj = spec.make_scheme()
-    use_model_buffers(scheme_obj, scorer.model)
-    backend = PlaintextBackend(scorer.initial_params())
-    step = RoundStep(
-        scheme_obj,
-        backend,
-        num_rounds=rounds,
-        safeguards=config.safeguards,
-        probe=ModelProbe(scorer.model),
-        log=lambda message: None,
-    )
     recorder = recorder if recorder is not None else RoundRecorder(None, scheme)
-    trainers = make_sites(fed.sites, fed.test, args, config.site_workers, config.site_policy())
-    if chosen is None:
-        transport: InProcessSites = InProcessSites(trainers, scorer.metrics)
-    else:
-        transport = TamperingSites(trainers, scorer.metrics, chosen, names, seed)
-    if on_transport is not None:
-        on_transport(transport)
+
+    def transport(trainers, metrics) -> InProcessSites:
+        if chosen is None:
+            made = InProcessSites(trainers, metrics)
+        else:
+            made = TamperingSites(trainers, metrics, chosen, names, seed)
+        if on_transport is not None:
+            on_transport(made)
+        return made
+
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
-            if spec.needs_statistics():
-                releases = trainers.released_statistics().values()
-                trainers.set_global_stats(global_stats_of((r.class_counts, r.num_samples) for r in releases))
-            plan = step.plan(str(spec.scheme), spec.scheme_args)
-            run_rounds(
-                step, transport, recorder, plan, LoopSettings(fed.sample_fraction, seed, eval_every=rounds)
-            )
-            record.auc = float(scorer.metrics(backend.task_params()).get("test_auc", float("nan")))
+            _, scores, _ = run_federated(spec, fed, args, config, recorder=recorder, transport=transport)
+            test = fed.test
+            record.auc = float(evaluate_scores(test.task, test.labels, scores[0], test.class_names)["auc"])
     except Exception as e:  # an attack that escapes every check is a crash of the job
         record.crashed, record.error = True, f"{type(e).__name__}: {e}"
-    finally:
-        trainers.close()
     for row in recorder.rows:
         t = int(row.get("round", 0))
         if t < 1 or "global_updated" not in row:

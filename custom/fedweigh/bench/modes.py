@@ -21,19 +21,20 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
 from fedweigh.bench.cells import cell_key, settings_hash
 from fedweigh.bench.config import BenchConfig, cell_args
 from fedweigh.bench.federations import federation_for, pool_sites, without_test
-from fedweigh.bench.sites import InProcessSites, make_sites
+from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool, make_sites
 from fedweigh.data import primary_labels
 from fedweigh.data.base import Federation, LabeledImages
 from fedweigh.histograms import global_stats_of
 from fedweigh.methods import MethodSpec
 from fedweigh.metrics import population_weights, weighted_macro_auc, youden_thresholds
-from fedweigh.server.loop import LoopSettings, run_rounds
+from fedweigh.server.loop import LoopSettings, Transport, run_rounds
 from fedweigh.server.model_check import ModelProbe
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import PlaintextBackend, RoundStep, mean_metrics
@@ -160,13 +161,16 @@ def run_federated(
     config: BenchConfig,
     score_test: bool = True,
     recorder: RoundRecorder | None = None,
+    transport: Callable[[LocalSites | SitePool, Callable[[dict], dict]], Transport] = InProcessSites,
 ) -> tuple[list[dict], np.ndarray, dict]:
     """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C),
     :func:`safeguard_audit`).
 
     ``recorder``: where the rounds are recorded (default: a new one in memory); it keeps the
     controller's bookkeeping (``excluded``, ``bounded``, ``global_updated``), which the returned
-    rows leave out."""
+    rows leave out. ``transport``: builds the run's transport from the sites and the test scorer's
+    metrics (default: :class:`~fedweigh.bench.sites.InProcessSites`; the attack suite passes one that
+    tampers with the attackers' results)."""
     scheme = spec.make_scheme()
     scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
     use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
@@ -188,7 +192,7 @@ def run_federated(
             releases = sites.released_statistics().values()
             sites.set_global_stats(global_stats_of((r.class_counts, r.num_samples) for r in releases))
         plan = step.plan(str(spec.scheme), spec.scheme_args)
-        run_rounds(step, InProcessSites(sites, scorer.metrics), recorder, plan, loop, log=logger.info)
+        run_rounds(step, transport(sites, scorer.metrics), recorder, plan, loop, log=logger.info)
     finally:
         sites.close()
     return (
