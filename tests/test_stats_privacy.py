@@ -317,3 +317,12 @@ def test_the_bench_sites_draw_the_default_release_reproducibly():
     assert not np.array_equal(first["site-1"].class_counts, first["site-2"].class_counts)  # per site
     exact = LocalSites(sites, train, args, threads=1, policy=EXACT).released_statistics()
     np.testing.assert_array_equal(exact["site-1"].class_counts, train.label_histogram())
+
+
+def test_privacy_md_quotes_the_sigma_of_the_tested_release():
+    """docs/privacy.md's sigma for 5 findings at the default epsilon and delta is the release's own."""
+    from pathlib import Path
+
+    sigma = gaussian_sigma(1.0, 1e-5, histogram_sensitivity(5, "multilabel"), "analytic")
+    page = " ".join((Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text().split())
+    assert f"(sigma {sigma:.1f} counts for 5 findings at epsilon 1, delta 1e-5)" in page
