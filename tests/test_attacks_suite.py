@@ -269,11 +269,15 @@ def test_a_run_goes_through_run_rounds_and_the_round_step_sees_the_forged_result
         assert any(r is sent for rt, _, r in validated if rt == t)
         honest = next(r for r in results if r.site == "site-1").meta[META_NUM_SAMPLES]
         assert sent.meta[META_NUM_SAMPLES] == 1000 * honest
-        # (a) the recorder holds what the server did with it: the count clipped, the weight capped
-        assert "num_samples=" in row["bounded"]["site-4"] and "clipped to" in row["bounded"]["site-4"]
-        assert row["weights"]["site-4"] == pytest.approx(0.5)
-    assert record.bounded == {"1": ["site-4"], "2": ["site-4"]}
-    assert record.attacker_max_weight == pytest.approx(0.5)
+        # (a) the recorder holds what the server did with it: the count clipped to its declared size,
+        # so its weight is its true share
+        assert (
+            f"num_samples={sent.meta[META_NUM_SAMPLES]} clipped to {honest} (its declared size)"
+            in (row["bounded"]["site-4"])
+        )
+        assert row["weights"]["site-4"] == pytest.approx(0.25)
+    assert sorted(record.bounded) == ["1", "2"] and all("site-4" in v for v in record.bounded.values())
+    assert record.attacker_max_weight == pytest.approx(0.25)
     assert np.isfinite(record.auc) and record.drop == pytest.approx(0.5 - record.auc)
 
 
@@ -318,4 +322,23 @@ def test_the_suite_runner_prints_the_summary_last_and_writes_its_runs(tmp_path, 
     assert body["complete"] and summary_line(body["summary"]) == last
     (run,) = body["runs"]
     assert run["attack"] == "forged-count" and run["attackers"] == ["site-4"] and run["rounds"] == 2
-    assert run["bounded"] == {"1": ["site-4"], "2": ["site-4"]}
+    assert sorted(run["bounded"]) == ["1", "2"] and all("site-4" in v for v in run["bounded"].values())
+
+
+@pytest.mark.parametrize(
+    "attack, scheme, defended, undefended, bought",
+    [
+        # the consortium's declaration of sizes: a forged count buys no weight (without it: the cap)
+        ("forged-count", "fedavg", "deploy", "undeclared", 0.5),
+        # the step floor: a forged step count of 1 against 2 buys FedNova no weight (without it:
+        # twice the others' weight each, (1 / 1) / (3 / 2 + 1 / 1))
+        ("forged-steps", "fednova", "deploy", "before", 0.4),
+    ],
+)
+def test_a_forged_count_buys_weight_only_without_its_defence(attack, scheme, defended, undefended, bought):
+    held = run_attack(attack, scheme=scheme, rounds=2, settings="smoke", clean_auc=0.5, safeguards=defended)
+    assert held.attacker_max_weight == pytest.approx(0.25, abs=0.02)  # its true share of four
+    open_ = run_attack(
+        attack, scheme=scheme, rounds=2, settings="smoke", clean_auc=0.5, safeguards=undefended
+    )
+    assert open_.attacker_max_weight == pytest.approx(bought)

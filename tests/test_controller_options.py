@@ -32,5 +32,5 @@ def test_defaults_free_memory_every_round_and_never_wait_forever():
     controller = FedweighController()
     assert controller.memory_gc_rounds == 1
     assert controller.train_timeout == 3600  # a silent site cannot stall the job
-    assert controller.max_share == "auto" and controller.update_norm_bound == 3.0
+    assert controller.max_share == "auto" and controller.update_norm_bound == 1.0  # bounded influence
     assert controller.min_secure_sum == 3 and controller.min_update_cosine == 0.0

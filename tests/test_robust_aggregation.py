@@ -165,8 +165,15 @@ def test_a_layer_targeted_flip_is_caught_by_the_per_array_check_only():
     flipped = dict(results[3].params)
     flipped["head"] = (-2.5 * flipped["head"]).astype(np.float32)  # classifier flipped, within the norm bound
     results[3] = _result("site-4", flipped)
-    whole = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3).run(1, results, SITES)
-    assert not whole.excluded and not whole.bounded  # the whole-update direction check and norm bound miss it
+    # the whole-update direction check misses it, and so does a norm bound of 3 x the median
+    loose = Safeguards(update_norm_bound=3.0)
+    whole = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3, safeguards=loose).run(
+        1, results, SITES
+    )
+    assert not whole.excluded and not whole.bounded
+    # the default bound (1 x the median) scales its head down to the honest sites' median norm
+    default = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3).run(1, results, SITES)
+    assert not default.excluded and "site-4" in default.bounded
     outcome = _round(results, array_cosine=0.0)
     assert "'head'" in outcome.bounded["site-4"] and "array_cosine=0" in outcome.bounded["site-4"]
     assert set(outcome.bounded) == {"site-4"}

@@ -213,11 +213,11 @@ def test_a_huge_finite_update_is_scaled_to_the_bound():
     assert (
         outcome.updated
         and "site-4" in outcome.bounded
-        and "above 3 x the median" in outcome.bounded["site-4"]
+        and "above 1 x the median" in outcome.bounded["site-4"]
     )
     honest_norm = max(np.linalg.norm(results[i].params["w"] - g["w"]) for i in range(3))
     moved = np.linalg.norm(outcome.params["w"] - g["w"])
-    assert moved < 3 * honest_norm  # at most the bound (3 x the others' median norm), times its weight
+    assert moved <= honest_norm * (1 + 1e-6)  # no update longer than an honest one: a mean of them neither
 
 
 def test_the_norm_bound_holds_array_by_array():

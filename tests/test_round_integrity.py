@@ -13,8 +13,8 @@ import pytest
 from fedweigh.server.loop import LoopSettings, TrainTask, Transport, ValidateTask, run_rounds
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
-from fedweigh.server.safeguards import Safeguards
-from fedweigh.server.validation import check_site_metrics
+from fedweigh.server.safeguards import DEFAULT_UPDATE_NORM_BOUND, Safeguards
+from fedweigh.server.validation import ResultLimits, check_site_metrics
 from fedweigh.weighting import get_scheme
 
 SITES = ("site-1", "site-2", "site-3", "site-4")
@@ -88,7 +88,7 @@ def test_a_site_metric_named_like_a_server_field_is_refused_and_the_record_stays
     assert [r["round"] for r in rows] == [0, 1, 2, 3]  # before: a metric "weights" raised TypeError
     for row in rows[1:]:
         assert set(row["weights"]) == set(SITES) and row["global_updated"] is True
-        assert row["excluded"] == {} and "bounded" not in row
+        assert row["excluded"] == {}
         assert row["round_seconds"] < 1e6 and row["lambda"] != pytest.approx(0.123)
     assert all("weight/site-1" not in r and "server_rss_mb" not in r for r in rows)
     assert all(r["val_auc"] == pytest.approx(0.6) for r in rows)
@@ -140,9 +140,15 @@ def test_fednova_with_a_forged_step_count_still_applies_a_distribution(forged):
 def test_a_forged_step_count_far_from_the_others_is_clipped_to_the_bound():
     outcome, _ = _fednova_round(10**7)
     assert "num_steps=10000000 clipped to 1000 (within 100 x the median" in outcome.bounded["site-4"]
-    outcome, _ = _fednova_round(1, max_share=None)
-    assert "site-4" not in outcome.bounded  # 1 step against 10 is plausible: the weight cap bounds it
+    outcome, _ = _fednova_round(
+        1, max_share=None, update_norm_bound=None, limits=ResultLimits(min_step_ratio=None)
+    )
+    assert "site-4" not in outcome.bounded  # 1 step against 10 is within 100 x: the ratio alone lets it be
     assert outcome.weights["site-4"] == pytest.approx(1 / 1.3)
+    # the step floor: no fewer steps than its size makes plausible (10 / 1.25 = 8), not 10 times the weight
+    outcome, _ = _fednova_round(1, max_share=None)
+    assert "num_steps=1 raised to 8 (fewer than its size makes plausible" in outcome.bounded["site-4"]
+    assert outcome.weights["site-4"] == pytest.approx((1 / 8) / (3 / 10 + 1 / 8))
 
 
 @pytest.mark.parametrize(
@@ -280,7 +286,9 @@ def test_a_negative_running_var_cannot_reach_the_global_model(probe):
     g = tiny_global()
     sent = {s: tiny_update(s, g) for s in SITES}
     sent["site-4"]["1.running_var"] = np.full(16, -5.0, np.float32)  # finite, in range, honest weights
-    outcome = tiny_step(g, probe).run(1, [result(s, p) for s, p in sent.items()], list(SITES))
+    # (a norm bound that leaves the honest sites' buffers as sent: at 1 x the median it scales half of them)
+    step = tiny_step(g, probe, update_norm_bound=3.0)
+    outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
     assert outcome.updated and set(outcome.weights) == set(SITES)  # its parameters still count
     # the buffers are the coordinate-wise median over the sites: site-4's cannot move them
     expected = np.median(np.stack([p["1.running_var"] for p in sent.values()]), axis=0)
@@ -300,7 +308,9 @@ def test_with_two_sites_a_negative_running_var_keeps_the_last_good_model():
     assert step.backend.task_params()["1.running_var"] == pytest.approx(g["1.running_var"])
 
 
-def _noise_at_the_bound(sent: dict, g: dict, bound: float = 3.0) -> dict[str, np.ndarray]:
+def _noise_at_the_bound(
+    sent: dict, g: dict, bound: float = DEFAULT_UPDATE_NORM_BOUND
+) -> dict[str, np.ndarray]:
     """Random noise on every float array of site-4's update, each just inside the norm bound."""
     rng = np.random.default_rng(11)
     out = {}
@@ -344,8 +354,8 @@ def test_a_trim_of_a_few_small_arrays_is_recorded_but_not_logged_as_a_scaled_upd
     step = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3)
     with caplog.at_level(logging.INFO, logger="fedweigh.server.rounds"):
         outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
-    assert "1 of 2 arrays above 3 x the median" in outcome.bounded["site-4"]
-    trims = [r for r in caplog.records if "site-4: 1 of 2 arrays" in r.getMessage()]
+    assert "arrays above 1 x the median" in outcome.bounded["site-4"]
+    trims = [r for r in caplog.records if "site-4: " in r.getMessage() and "arrays above" in r.getMessage()]
     assert [r.levelno for r in trims] == [logging.INFO]  # before: a warning every round
     # a real scaling (the update's norm falls by 1 % or more) is a warning
     sent["site-4"]["a"] = (sent["site-4"]["a"] * 10).astype(np.float32)

@@ -12,6 +12,7 @@ from test_round_integrity import SITES, result
 
 from fedweigh.server.rounds import PlaintextBackend, RoundOutcome, RoundStep
 from fedweigh.server.safeguards import Safeguards
+from fedweigh.server.validation import ResultLimits
 from fedweigh.weighting import get_scheme
 
 
@@ -121,7 +122,7 @@ def test_two_bounds_on_one_site_are_both_recorded_and_logged_as_warnings():
     record = outcome.bounded["site-4"]
     counts, norms = record.split("; ", 1)
     assert counts.startswith("num_samples=100000 clipped to 10000 ")
-    assert norms.startswith("2 of 2 arrays above 3 x the median of the other sites' scaled down to it")
+    assert norms.startswith("2 of 2 arrays above 1 x the median of the other sites' scaled down to it")
     assert [line for line in logged if "site-4" in line] == [
         f"round 1: site-4: {counts}",
         f"round 1: site-4: {norms}",
@@ -286,7 +287,7 @@ def test_one_sample_and_one_step_are_plausible_counts():
 
 
 def test_steps_are_bounded_from_below_and_both_counts_of_one_site_are_recorded_together():
-    step, sent = count_step()
+    step, sent = count_step(limits=ResultLimits(min_step_ratio=None))  # the ratio bound alone
     counts = {"site-1": (100, 400), "site-2": (100, 400), "site-3": (100, 400), "site-4": (100_000, 1)}
     outcome = step.run(1, [result(s, sent[s], n=n, steps=k) for s, (n, k) in counts.items()])
     assert outcome.bounded == {

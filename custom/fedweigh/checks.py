@@ -261,6 +261,16 @@ def check_server_values(values: Mapping[str, Any], source: str) -> None:
     value = values.get("clip_norm")
     if value is not None and not (_is_number(value) and value > 0.0):
         c.fail("clip_norm", "null (off) or a finite number > 0")
+    value = values.get("nnm_f")
+    if value is not None and not (_is_int(value) and value >= 1):
+        c.fail("nnm_f", "null (off) or an integer >= 1")
+    value = values.get("declared_sizes")
+    if value is not None and not (
+        isinstance(value, Mapping)
+        and value
+        and all(isinstance(k, str) and k and _is_int(v) and v >= 1 for k, v in value.items())
+    ):
+        c.fail("declared_sizes", "null (no declaration) or a mapping of site name to an integer >= 1")
     value, rounds = values.get("stop_after"), values.get("num_rounds")
     if value is not None and not (_is_int(value) and 1 <= value <= (rounds if _is_int(rounds) else value)):
         c.fail("stop_after", f"null or an integer in 1..num_rounds={rounds}")

@@ -69,9 +69,12 @@ from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS
 from fedweigh.server.loop import TrainTask
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import ClientResult
+from fedweigh.server.safeguards import Safeguards
+from fedweigh.server.validation import ResultLimits
 
 __all__ = [
     "ATTACKS",
+    "CANDIDATES",
     "SETTINGS",
     "SUITE",
     "Attack",
@@ -448,6 +451,50 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
+def _declared(fed: Federation) -> dict[str, int]:
+    """The consortium's declaration of the sites' sizes: each site's true training-set size."""
+    return {s.name: len(s.train) for s in fed.sites}
+
+
+def _nnm_f(k: int) -> int:
+    """The f of nearest-neighbour mixing for K sites: ceil(K / 4) (1 of 4, 2 of 8)."""
+    return max(1, -(-k // 4))
+
+
+#: Candidate defaults measured against the suite (name -> the server's safeguards for a federation):
+#: the presets of :data:`fedweigh.bench.config.SAFEGUARDS`, and bounds by construction: updates clipped
+#: to the median norm of the other sites' (``update_norm_bound`` 1), sizes from the consortium's
+#: declaration, step counts no fewer than the other sites' median, nearest-neighbour mixing and a
+#: robust location.
+CANDIDATES: dict[str, Callable[[Federation], Safeguards]] = {
+    # the safeguards off, and the defaults before bounded influence (norm bound 3 x the median, step
+    # counts within 100 x, sizes as reported)
+    "off": lambda fed: SAFEGUARDS["off"],
+    "before": lambda fed: Safeguards(update_norm_bound=3.0, limits=ResultLimits(min_step_ratio=None)),
+    # the defaults (norm bound 1 x the median, steps no fewer than the median), sizes as reported
+    "undeclared": lambda fed: SAFEGUARDS["deploy"],
+    # the defaults with the consortium's declaration of sizes: the default as deployed
+    "deploy": lambda fed: replace(SAFEGUARDS["deploy"], declared_sizes=_declared(fed)),
+    # the defaults with a robust option on top
+    "deploy-median": lambda fed: replace(
+        SAFEGUARDS["deploy"], declared_sizes=_declared(fed), aggregator="median"
+    ),
+    "deploy-arraycos": lambda fed: replace(
+        SAFEGUARDS["deploy"], declared_sizes=_declared(fed), array_cosine=0.0
+    ),
+    "deploy-nnm": lambda fed: replace(
+        SAFEGUARDS["deploy"], declared_sizes=_declared(fed), nnm_f=_nnm_f(len(fed.sites))
+    ),
+    "deploy-nnm-trimmed": lambda fed: replace(
+        SAFEGUARDS["deploy"],
+        declared_sizes=_declared(fed),
+        nnm_f=_nnm_f(len(fed.sites)),
+        aggregator="trimmed_mean",
+        trim=0.25,
+    ),
+}
+
+
 def _iid(k: int) -> Scenario:
     return Scenario(name=f"iid-{k}", description=f"IID split over {k} sites", num_sites=k, partition="iid")
 
@@ -466,8 +513,8 @@ def attack_config(
     the client ``settings`` of :data:`SETTINGS`, scored after round 1 and the last round."""
     if settings not in SETTINGS:
         raise ValueError(f"settings must be one of {', '.join(SETTINGS)}, got {settings!r}")
-    if safeguards not in SAFEGUARDS:
-        raise ValueError(f"safeguards must be one of {', '.join(SAFEGUARDS)}, got {safeguards!r}")
+    if safeguards not in CANDIDATES:
+        raise ValueError(f"safeguards must be one of {', '.join(CANDIDATES)}, got {safeguards!r}")
     if sites < 3:
         raise ValueError(f"sites must be at least 3 (an attacker and two honest sites), got {sites}")
     options = dict(SETTINGS[settings])
@@ -480,7 +527,7 @@ def attack_config(
         rounds=rounds,
         eval_every=rounds,
         site_workers=site_workers,
-        safeguards=bench_safeguards(safeguards),
+        safeguards=bench_safeguards(safeguards if safeguards in SAFEGUARDS else "deploy"),
         num_images=per_site * sites,
         **options,
     )
@@ -570,6 +617,8 @@ def run_attack(
     config = attack_config(sites, scheme, safeguards, rounds, seed, settings, site_workers)
     chosen = None if attack is None else make_attack(attack)
     fed = federation_for(config, config.scenarios[0], seed)
+    # the candidate says whether the federation declared its sizes (CANDIDATES)
+    config = replace(config, safeguards=CANDIDATES[safeguards](fed), declare_sizes=False)
     names = attacker_sites([s.name for s in fed.sites], attackers) if chosen is not None else []
     record = AttackRecord(
         attack=chosen.name if chosen is not None else "none",
@@ -751,7 +800,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--attacks", default=None, help="comma-separated ATTACK[@SCHEME] (default: the suite, SUITE)"
     )
     parser.add_argument(
-        "--safeguards", choices=tuple(SAFEGUARDS), default="deploy", help="the server's preset"
+        "--safeguards", choices=tuple(CANDIDATES), default="deploy", help="the server's safeguards"
     )
     parser.add_argument("--settings", choices=tuple(SETTINGS), default="attack", help="client settings")
     parser.add_argument("--workers", type=int, default=1, help="processes the sites train in (default 1)")

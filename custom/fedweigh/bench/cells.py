@@ -96,6 +96,9 @@ def settings_hash(config: BenchConfig, scenario: str, method: str, seed: int) ->
         **({"robust": [getattr(guards, n) for n in ROBUST_OPTIONS]} if guards.robust else {}),
         "method": spec.as_dict(),
     }
+    # FedNova reads step counts: the floor on them (ResultLimits.min_step_ratio) may change its weights
+    if spec.as_dict().get("scheme") == "fednova":
+        payload["min_step_ratio"] = guards.limits.min_step_ratio
     # the sites' statistics release when a site policy noises it (the default); cells stored with exact
     # statistics (before that default, or with --exact-statistics) keep their digest
     if args.get("stats_dp_epsilon") is None and config.statistics_epsilon() is not None:

@@ -193,6 +193,9 @@ class BenchConfig:
     #: research runs only: the sites release their exact label statistics (a simulation policy with
     #: ``statistics_epsilon`` None) instead of the default Gaussian release (``--exact-statistics``)
     exact_statistics: bool = False
+    #: the federation declares its sites' training-set sizes (``Safeguards.declared_sizes``, each site's
+    #: true size), as a consortium does when it provisions its sites; False: counts as reported
+    declare_sizes: bool = True
 
     def site_policy(self) -> SitePolicy:
         """The policy every simulated site runs under: the simulation default (statistics noised with

@@ -22,6 +22,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -175,11 +176,14 @@ def run_federated(
     scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
     use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
     backend = PlaintextBackend(scorer.initial_params())
+    guards = config.safeguards
+    if config.declare_sizes and guards.declared_sizes is None:  # the consortium's declaration
+        guards = replace(guards, declared_sizes={s.name: len(s.train) for s in fed.sites})
     step = RoundStep(
         scheme,
         backend,
         num_rounds=config.rounds,
-        safeguards=config.safeguards,
+        safeguards=guards,
         probe=ModelProbe(scorer.model),  # the controller's probe: the persistor's model
         log=logger.warning,
     )

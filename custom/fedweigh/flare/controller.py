@@ -30,6 +30,7 @@ them theta_g^T.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from nvflare.fuel.utils.memory_utils import cleanup_memory
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.checks import check_server_values
+from fedweigh.errors import ConfigError
 from fedweigh.flare.keys import load_role_context
 from fedweigh.flare.persistor import check_server_path
 from fedweigh.flare.statistics import run_statistics_phase
@@ -60,6 +62,7 @@ from fedweigh.protocol import (
     TASK_TRAIN,
     TASK_VALIDATE,
 )
+from fedweigh.server.declared import combine_declarations, load_declared_sizes, server_declaration
 from fedweigh.server.loop import LoopSettings, TrainTask, Transport, ValidateTask, run_rounds
 from fedweigh.server.model_check import ModelProbe
 from fedweigh.server.quorum import server_floor
@@ -178,6 +181,13 @@ class FedweighController(ModelController):
         array_cosine: the direction check per array, so that an update flipping a few arrays (the
             classifier) is caught: those arrays are left out of it (None: off).
         clip_norm: clip every update to this absolute L2 norm, as Flower's fixed clipping (None: off).
+        nnm_f: nearest-neighbour mixing before the aggregation: each update replaced by the mean of its
+            K - f nearest (None: off).
+        declared_sizes: the consortium's declaration of each site's training-set size (a mapping
+            site -> N_k, or the path of a JSON file holding one, read at the server): a reported N_k
+            above it is clipped to it (:mod:`fedweigh.server.declared`). The server's operator may
+            place one in the file ``FEDWEIGH_DECLARED_SIZES`` names; with both, the smaller counts.
+            None: sizes as reported, clipped to ``max_count_ratio`` x the other sites' median.
         stop_after: end this run after that round (its state is saved; continue it with
             ``resume_from``).
         memory_gc_rounds: every that many rounds, free the round's client results and return the
@@ -213,6 +223,8 @@ class FedweighController(ModelController):
         krum_f: int | None = None,
         array_cosine: float | None = None,
         clip_norm: float | None = None,
+        nnm_f: int | None = None,
+        declared_sizes: dict[str, int] | str | None = None,
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (the round step)
@@ -251,13 +263,24 @@ class FedweighController(ModelController):
             krum_f=krum_f,
             array_cosine=array_cosine,
             clip_norm=clip_norm,
+            nnm_f=nnm_f,
+            declared_sizes=declared_sizes if isinstance(declared_sizes, Mapping) else None,
             source=_SOURCE,
         )
+        if declared_sizes is not None and not isinstance(declared_sizes, (Mapping, str)):
+            raise ConfigError(
+                _SOURCE,
+                "declared_sizes",
+                declared_sizes,
+                "a mapping of site name -> count, or the path of a JSON file holding one",
+            )
+        #: the job's declaration as given (a path is read when the run starts, at the server)
+        self.declared_sizes = declared_sizes
         for name in ROBUST_OPTIONS:
             setattr(self, name, getattr(self._safeguards, name))
         if self.he and self._safeguards.robust:
             raise ValueError(
-                f"{_SOURCE}: aggregator, krum_f, array_cosine and clip_norm need plaintext updates: "
+                f"{_SOURCE}: aggregator, krum_f, array_cosine, clip_norm and nnm_f need plaintext updates: "
                 "turn them off with he=True"
             )
         self.max_share = self._safeguards.max_share  # numbers as floats
@@ -268,6 +291,14 @@ class FedweighController(ModelController):
         self._task_failures: dict[str, str] = {}
         #: why the job failed (None while it has not)
         self.failure: str | None = None
+
+    def _job_declaration(self) -> dict[str, int] | None:
+        """The job's ``declared_sizes``: the mapping, or the file it names (a folder the server lets
+        jobs read, :func:`~fedweigh.flare.persistor.check_server_path`)."""
+        value = self.declared_sizes
+        if isinstance(value, str):
+            value = check_server_path(value, "declared_sizes")
+        return load_declared_sizes(value, _SOURCE)
 
     def _job_scheme(self) -> WeightingScheme:
         """The job's weighting scheme; ValueError at job creation on a bad name or option, a scheme
@@ -426,7 +457,12 @@ class FedweighController(ModelController):
             self._scheme,
             self._backend(to_numpy_dict(model.params)),
             num_rounds=self.num_rounds,
-            safeguards=replace(self._safeguards, min_secure_sum=floor, source=_SOURCE),
+            safeguards=replace(
+                self._safeguards,
+                min_secure_sum=floor,
+                declared_sizes=combine_declarations(self._job_declaration(), server_declaration()),
+                source=_SOURCE,
+            ),
             announced=announced,
             probe=self._probe(),
             log=self.warning,

@@ -437,6 +437,8 @@ class ServerOptions:
     krum_f: int | None
     array_cosine: float | None
     clip_norm: float | None
+    nnm_f: int | None = None
+    declared_sizes: dict[str, int] | str | None = None
 
     def controller(self, persistor_id: str) -> FedweighController:
         """The job's controller with these options and the persistor ``persistor_id``."""
@@ -479,6 +481,10 @@ class FedweighRecipe(Recipe):
         array_cosine: the direction check per array, so that an update flipping a few arrays (the
             classifier) is caught: those arrays are left out of it (None: off).
         clip_norm: clip every update to this absolute L2 norm, as Flower's fixed clipping (None: off).
+        nnm_f: nearest-neighbour mixing: each update replaced by the mean of its K - f nearest (None: off).
+        declared_sizes: the consortium's declaration of each site's training-set size (site -> N_k,
+            or the path of a JSON file at the server): reported counts above it are clipped to it
+            (docs/security.md, "Bounded influence"; None: counts as reported).
         stop_after: end the run after that round; continue it with ``resume_from``.
         bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
             deployment); by default the job expects fedweigh installed where it runs.
@@ -549,6 +555,8 @@ class FedweighRecipe(Recipe):
         krum_f: int | None = None,
         array_cosine: float | None = None,
         clip_norm: float | None = None,
+        nnm_f: int | None = None,
+        declared_sizes: dict[str, int] | str | None = None,
         train_script: str | None = None,
         train_args: str = "",
         initial_ckpt: str | None = None,
@@ -618,6 +626,8 @@ class FedweighRecipe(Recipe):
             krum_f=krum_f,
             array_cosine=array_cosine,
             clip_norm=clip_norm,
+            nnm_f=nnm_f,
+            declared_sizes=declared_sizes,
         )
         #: the TensorBoard receiver every fedweigh job has; one that add_experiment_tracking adds replaces it
         self._default_tb = TBAnalyticsReceiver()

@@ -19,6 +19,10 @@ theta_g + sum_k w_k Delta_k. The options here replace or precede it, keeping the
   :func:`fedweigh.server.safeguards.direction_outliers` applied to each array alone, so that an update
   that flips only a few arrays (the classifier) is caught; the flagged arrays of that update are left
   out (their Delta set to 0), the rest of the update counts.
+- :func:`nearest_neighbour_mixing`: each update replaced by the mean of its K - f nearest updates
+  (itself included) before the robust location or the scheme's mean (NNM, Allouah et al., AISTATS
+  2023, "Fixing by Mixing"; ByzFL's ``NNM``): the published fix for robust aggregation on
+  heterogeneous data.
 - :func:`clip_factor`: clipping to an absolute L2 norm C over the whole update (every floating-point
   array flattened), factor min(1, C / ||Delta_k||), as Flower's ``DifferentialPrivacyServerSideFixedClipping``
   (``flwr.common.differential_privacy.clip_inputs``, the FlatClip of McMahan et al., ICLR 2018) does.
@@ -49,6 +53,7 @@ __all__ = [
     "clip_factor",
     "krum_scores",
     "multi_krum",
+    "nearest_neighbour_mixing",
     "screen_updates",
     "weighted_median",
     "weighted_trimmed_mean",
@@ -150,6 +155,25 @@ def multi_krum(gram: np.ndarray, f: int, keep: int | None = None) -> list[int]:
     scores = krum_scores(gram, f)
     order = np.argsort(scores, kind="stable")
     return sorted(int(i) for i in order[:m])
+
+
+def nearest_neighbour_mixing(gram: np.ndarray, f: int) -> np.ndarray:
+    """The K x K mixing matrix of NNM_f: row i holds 1 / (K - f) at the K - f updates nearest to
+    Delta_i (by ||Delta_i - Delta_j||^2 = G_ii + G_jj - 2 G_ij; itself included, at distance 0; ties:
+    the lower index), 0 elsewhere; Delta'_i = sum_j M_ij Delta_j (Allouah et al., AISTATS 2023).
+    Rows sum to 1, so mixing the parameters theta_j mixes the updates. f = 0, or K - f < 1: the
+    identity."""
+    dist = _squared_distances(gram)
+    k = dist.shape[0]
+    m = k - int(f)
+    if f <= 0 or m < 1:
+        return np.eye(k)
+    out = np.zeros((k, k))
+    for i in range(k):
+        row = dist[i].copy()
+        row[i] = -1.0  # itself first, whatever rounding does to G_ii + G_ii - 2 G_ii
+        out[i, np.argsort(row, kind="stable")[:m]] = 1.0 / m
+    return out
 
 
 def array_grams(
@@ -270,7 +294,9 @@ def screen_updates(
     1. ``clip_norm``: Delta_k scaled by :func:`clip_factor` (whole update, every floating-point array);
     2. ``array_cosine``: the arrays in which Delta_k points away from a consensus of the others'
        (:func:`array_direction_outliers`, three or more updates) are left out of Delta_k (set to 0);
-    3. ``krum_f``: only the updates :func:`multi_krum` keeps count; the others are left out.
+    3. ``nnm_f``: each update replaced by the mean of its K - f nearest (:func:`nearest_neighbour_mixing`,
+       three or more updates; every floating-point array);
+    4. ``krum_f``: only the updates :func:`multi_krum` keeps count; the others are left out.
     """
     contribs = [dict(c) for c in contributions]
     bounded: dict[str, list[str]] = {}
@@ -297,6 +323,17 @@ def screen_updates(
                 f"array, which agree with each other (cosine below array_cosine={guards.array_cosine:g}); "
                 "left out of its update"
             )
+    if guards.nnm_f is not None and len(contribs) >= 3:
+        gram = delta_gram64(global_params, contribs)
+        if np.all(np.isfinite(gram)):
+            mix = nearest_neighbour_mixing(gram, guards.nnm_f)
+            mixed = [dict(c) for c in contribs]
+            for key in floats:
+                stack = np.stack([np.asarray(c[key], dtype=np.float64) for c in contribs])
+                out = np.tensordot(mix, stack, axes=1)
+                for i, c in enumerate(mixed):
+                    c[key] = out[i].astype(np.asarray(contribs[i][key]).dtype)
+            contribs = mixed
     keep = list(range(len(contribs)))
     if guards.krum_f is not None and len(contribs) >= 3:
         gram = delta_gram64(global_params, contribs)

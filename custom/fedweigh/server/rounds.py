@@ -66,6 +66,7 @@ from fedweigh.server.safeguards import (
     objecting_sites,
     plausible_counts,
     pulls_against_others,
+    step_floor,
 )
 from fedweigh.server.validation import check_meta, check_params, check_site_metrics, finite_metrics
 from fedweigh.weighting.base import ClientReport, WeightingScheme, as_distribution
@@ -404,31 +405,62 @@ class RoundStep:
         return accepted
 
     def _bound_counts(self, outcome: RoundOutcome) -> None:
-        """Clip the counts that drive weights to the round's plausible range: N_k to at most
-        ``max_count_ratio`` x the median of the other sites', tau_k to within that factor of theirs
-        either way (:func:`~fedweigh.server.safeguards.plausible_counts`; recorded under ``bounded``)."""
-        ratio = self.safeguards.limits.max_count_ratio
-        if ratio is None or len(outcome.reports) < 2:
+        """Bound the counts that drive weights (recorded under ``bounded``): N_k to its declared size
+        (``declared_sizes``; an undeclared site to the smallest declared) and to at most
+        ``max_count_ratio`` x the median of the other sites'; tau_k to within that factor of theirs
+        either way (:func:`~fedweigh.server.safeguards.plausible_counts`) and to no fewer than its
+        size makes plausible next to theirs (``min_step_ratio``,
+        :func:`~fedweigh.server.safeguards.step_floor`)."""
+        limits = self.safeguards.limits
+        ratio, step_ratio = limits.max_count_ratio, limits.min_step_ratio
+        declared = self.safeguards.declared_sizes
+        several = len(outcome.reports) >= 2
+        if not outcome.reports or (not several and declared is None):
             return
-        sizes = plausible_counts(np.array([r.num_samples for r in outcome.reports]), ratio, lower=False)
-        steps = plausible_counts(np.array([r.num_steps for r in outcome.reports]), ratio, lower=True)
+        notes: list[list[str]] = [[] for _ in outcome.reports]
+        sizes = np.array([r.num_samples for r in outcome.reports], dtype=np.float64)
+        if declared is not None:
+            smallest = min(declared.values())
+            for i, report in enumerate(outcome.reports):
+                limit = declared.get(report.name, smallest)
+                if sizes[i] > limit:
+                    sizes[i] = limit
+                    why = (
+                        "its declared size"
+                        if report.name in declared
+                        else "undeclared: the smallest declared size"
+                    )
+                    notes[i].append(f"num_samples={report.num_samples} clipped to {limit} ({why})")
+        if ratio is not None and several:
+            plausible = np.floor(plausible_counts(sizes, ratio, lower=False))
+            for i in np.flatnonzero(plausible < sizes):
+                notes[i].append(
+                    f"num_samples={outcome.reports[i].num_samples} clipped to {max(1, int(plausible[i]))} "
+                    f"(at most {ratio:g} x the median of the other sites')"
+                )
+            sizes = np.minimum(sizes, plausible)
+        raw_steps = np.array([r.num_steps for r in outcome.reports], dtype=np.float64)
+        steps = raw_steps.copy()
+        if ratio is not None and several:
+            steps = np.ceil(plausible_counts(raw_steps, ratio, lower=True))
+            for i in np.flatnonzero(steps != raw_steps):
+                notes[i].append(
+                    f"num_steps={outcome.reports[i].num_steps} clipped to {max(1, int(steps[i]))} (within "
+                    f"{ratio:g} x the median of the other sites', either way)"
+                )
+        if step_ratio is not None and several:
+            floor = step_floor(raw_steps, np.maximum(sizes, 1.0), step_ratio)
+            for i in np.flatnonzero(floor > steps):
+                notes[i].append(
+                    f"num_steps={outcome.reports[i].num_steps} raised to {int(floor[i])} (fewer than its "
+                    f"size makes plausible next to the other sites' step counts, min_step_ratio={step_ratio:g})"
+                )
+            steps = np.maximum(steps, floor)
         reports = []
-        for report, n, tau in zip(outcome.reports, sizes, steps, strict=True):
-            n, tau = max(1, int(np.floor(n))), max(1, int(np.ceil(tau)))
-            changed = []
-            if n != report.num_samples:
-                changed.append(
-                    f"num_samples={report.num_samples} clipped to {n} (at most {ratio:g} x the median "
-                    "of the other sites')"
-                )
-            if tau != report.num_steps:
-                changed.append(
-                    f"num_steps={report.num_steps} clipped to {tau} (within {ratio:g} x the median of "
-                    "the other sites', either way)"
-                )
+        for report, n, tau, changed in zip(outcome.reports, sizes, steps, notes, strict=True):
             if changed:
                 self._note_bounded(outcome, report.name, "; ".join(changed))
-                report = replace(report, num_samples=n, num_steps=tau)
+                report = replace(report, num_samples=max(1, int(n)), num_steps=max(1, int(tau)))
             reports.append(report)
         outcome.reports = reports
 

@@ -50,6 +50,7 @@ __all__ = [
     "pulls_against_others",
     "plausible_counts",
     "resolve_max_share",
+    "step_floor",
     "update_cosines",
 ]
 
@@ -59,8 +60,10 @@ __all__ = [
 DEFAULT_MAX_SHARE = 0.5
 AUTO_CAP_MIN_SITES = 3
 #: Default ``update_norm_bound``: every array of an update may be at most this many times the median
-#: norm of the same array in the other sites' updates of the round (larger ones are scaled down).
-DEFAULT_UPDATE_NORM_BOUND = 3.0
+#: norm of the same array in the other sites' updates of the round (larger ones are scaled down). At 1,
+#: while fewer than half of the others attack, that median is an honest site's norm: no update moves
+#: an array further than an honest site's update does (docs/security.md, "Bounded influence").
+DEFAULT_UPDATE_NORM_BOUND = 1.0
 #: Default ``min_update_cosine``: an update whose cosine with more than half of the other sites'
 #: updates is below this, while those agree with each other, is left out (three or more updates,
 #: plaintext; :func:`direction_outliers`).
@@ -72,7 +75,7 @@ DIRECTION_MIN_PULL = 0.5
 #: The options of :class:`Safeguards` that a job sets (``limits`` is the server's own).
 _OPTIONS = ("min_clients", "max_share", "update_norm_bound", "min_update_cosine", "min_secure_sum")
 #: The robust options (:mod:`fedweigh.server.robust`; all off by default, plaintext only).
-ROBUST_OPTIONS = ("aggregator", "trim", "krum_f", "array_cosine", "clip_norm")
+ROBUST_OPTIONS = ("aggregator", "trim", "krum_f", "array_cosine", "clip_norm", "nnm_f")
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,11 @@ class Safeguards:
             are left out (None: off).
         clip_norm: clip every update to this absolute L2 norm over all its floating-point arrays,
             min(1, C / ||Delta||) as Flower's fixed clipping (None: off).
+        nnm_f: nearest-neighbour mixing before the location: each update replaced by the mean of its
+            K - f nearest updates (:func:`fedweigh.server.robust.nearest_neighbour_mixing`; None: off).
+        declared_sizes: the training-set size N_k of each site as the consortium declared it (site ->
+            count; None: no declaration). A reported N_k above its site's declaration is clipped to it, and
+            a site without one to the smallest declared size: reports buy no weight beyond it.
         limits: plausibility bounds on counts and scalars.
         source: who set the options, named by the error a bad one raises (not stored).
 
@@ -123,10 +131,18 @@ class Safeguards:
     krum_f: int | None = None
     array_cosine: float | None = None
     clip_norm: float | None = None
+    nnm_f: int | None = None
+    declared_sizes: Mapping[str, int] | None = None
     source: InitVar[str] = "round safeguards"
 
     def __post_init__(self, source: str) -> None:
-        check_server_values({name: getattr(self, name) for name in (*_OPTIONS, *ROBUST_OPTIONS)}, source)
+        check_server_values(
+            {name: getattr(self, name) for name in (*_OPTIONS, *ROBUST_OPTIONS, "declared_sizes")}, source
+        )
+        if self.declared_sizes is not None:
+            object.__setattr__(
+                self, "declared_sizes", {str(k): int(v) for k, v in self.declared_sizes.items()}
+            )
         for name in (
             "max_share",
             "update_norm_bound",
@@ -153,6 +169,7 @@ class Safeguards:
             or self.krum_f is not None
             or self.array_cosine is not None
             or self.clip_norm is not None
+            or self.nnm_f is not None
         )
 
     def cap(self, num_sites: int) -> float | None:
@@ -274,6 +291,31 @@ def plausible_counts(counts: np.ndarray, ratio: float, *, lower: bool) -> np.nda
         out[k] = min(out[k], ratio * median)
         if lower:
             out[k] = max(out[k], median / ratio)
+    return out
+
+
+def step_floor(steps: np.ndarray, sizes: np.ndarray, ratio: float = 1.0) -> np.ndarray:
+    """Per site k, the fewest local steps its size N_k makes plausible next to the OTHER sites':
+    floor(median_j(s_kj)) with s_kj = tau_j when N_k >= N_j, else tau_j N_k / (N_j ``ratio``)
+    (0 for a site alone).
+
+    An honest site takes tau = E ceil(N / B) steps, or a common cap: as many as a site of its size or
+    smaller, and in proportion to its size, less the rounding of one batch per epoch, next to a larger
+    one (``ratio`` leaves room for that rounding). FedNova weighs p_k / tau_k: with tau_k at least this
+    floor, a forged tau_k (or a forged N_k, which lowers p_k with it) buys at most ``ratio`` times an
+    honest site's p_j / tau_j.
+    """
+    tau = np.asarray(steps, dtype=np.float64).reshape(-1)
+    n = np.asarray(sizes, dtype=np.float64).reshape(-1)
+    out = np.zeros(tau.size)
+    for k in range(tau.size):
+        implied = [
+            tau[j] if n[k] >= n[j] else tau[j] * n[k] / (n[j] * ratio)
+            for j in range(tau.size)
+            if j != k and n[j] > 0
+        ]
+        if implied:
+            out[k] = float(np.floor(np.median(implied)))
     return out
 
 

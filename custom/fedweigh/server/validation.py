@@ -62,6 +62,10 @@ _METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,63}")
 #: the median of the other sites' in the round, and its step count within this factor of theirs
 #: either way (docs/security.md).
 DEFAULT_MAX_COUNT_RATIO = 100.0
+#: Default ``ResultLimits.min_step_ratio``: a step count below what the site's size makes plausible next
+#: to the other sites' is raised to it (FedNova weighs by 1 / tau_k: fewer reported steps would buy
+#: weight; :func:`fedweigh.server.safeguards.step_floor`, docs/security.md).
+DEFAULT_MIN_STEP_RATIO = 1.25
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,17 @@ class ResultLimits:
     max_count_ratio: N_k above ``max_count_ratio`` x the median N_j of the other sites of the round
         is clipped to that bound, and so is tau_k outside [median / ratio, median x ratio] of the
         others' step counts (:func:`fedweigh.server.safeguards.plausible_counts`; None: off).
+    min_step_ratio: tau_k below the step count its size makes plausible next to the other sites'
+        (:func:`fedweigh.server.safeguards.step_floor`), divided by ``min_step_ratio``, is raised to
+        it (fewer steps buy FedNova weight; default 1.25: at most a quarter more weight than an honest
+        site of its size; None: only ``max_count_ratio``).
     """
 
     max_num_samples: int = 10_000_000
     max_num_steps: int = 10_000_000
     max_abs_scalar: float = 1e12
     max_count_ratio: float | None = DEFAULT_MAX_COUNT_RATIO
+    min_step_ratio: float | None = DEFAULT_MIN_STEP_RATIO
 
 
 @dataclass

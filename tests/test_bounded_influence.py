@@ -1,0 +1,248 @@
+"""Bounded influence by construction: no update moves the global model further than an honest site's,
+and reported counts or steps buy no weight beyond what the federation can verify (docs/security.md,
+"Bounded influence"). Each attack of the suite is applied to synthetic honest updates and goes
+through the server's RoundStep with the defaults."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedweigh.bench.attacks import ATTACKS, RoundView, float_keys, make_attack
+from fedweigh.errors import ConfigError
+from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS
+from fedweigh.server.declared import (
+    DECLARED_SIZES_ENV,
+    combine_declarations,
+    load_declared_sizes,
+    server_declaration,
+)
+from fedweigh.server.robust import nearest_neighbour_mixing, screen_updates
+from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
+from fedweigh.server.safeguards import Safeguards, step_floor
+from fedweigh.server.validation import ResultLimits
+from fedweigh.weighting import get_scheme
+
+SITES = ("site-1", "site-2", "site-3", "site-4")
+DECLARED = dict.fromkeys(SITES, 300)
+
+
+def global_model() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "conv.weight": rng.normal(0, 0.1, (8, 1, 3, 3)).astype(np.float32),
+        "fc.weight": rng.normal(0, 0.1, (4, 30)).astype(np.float32),
+        "fc.bias": np.zeros(4, np.float32),
+        "bn.num_batches_tracked": np.array(7, np.int64),
+    }
+
+
+def honest_result(site: str, g: dict, t: int = 1) -> ClientResult:
+    """A plausible update: a step shared by all sites plus a part of the site's own."""
+    rng = np.random.default_rng([t, SITES.index(site)])
+    params = {
+        k: (v + 0.01 + rng.normal(0, 0.005, v.shape)).astype(v.dtype) if v.dtype.kind == "f" else v + 2
+        for k, v in g.items()
+    }
+    return ClientResult(site, params, {META_NUM_SAMPLES: 300, META_NUM_STEPS: 10, "fedweigh_scalars": {}})
+
+
+def attacked_round(attack: str, **options):
+    """The round with site-4 attacking, and the same round of the three honest sites alone."""
+    g = global_model()
+    honest = [honest_result(s, g) for s in SITES[:3]]
+    view = RoundView(1, g, tuple(honest))
+    sent = make_attack(attack).tamper(honest_result("site-4", g), view, np.random.default_rng(0))
+    guards = Safeguards(**{"declared_sizes": DECLARED, **options})
+    scheme = "fednova" if "steps" in attack else "fedavg"
+
+    def step() -> RoundStep:
+        return RoundStep(get_scheme(scheme), PlaintextBackend(g), num_rounds=3, safeguards=guards)
+
+    alone = step().run(1, honest, list(SITES[:3]))
+    return step().run(1, [*honest, sent], list(SITES)), alone, g, honest
+
+
+def array_norm(params: dict, g: dict, key: str) -> float:
+    return float(np.linalg.norm(np.asarray(params[key], np.float64) - np.asarray(g[key], np.float64)))
+
+
+def pulled(outcome, alone, g: dict, honest) -> dict[str, float]:
+    """Per array, how far the attacker moved the global model from the honest sites' own aggregate,
+    in units of the longest honest update of the array."""
+    return {
+        key: array_norm(outcome.params, alone.params, key) / max(array_norm(r.params, g, key) for r in honest)
+        for key in float_keys(g)
+    }
+
+
+@pytest.mark.parametrize("attack", [a for a in ATTACKS if a != "labelflip"])
+def test_no_attack_moves_an_array_further_than_an_honest_update_or_buys_weight(attack):
+    """With its declared share w of the weight and its update no longer than an honest one, the
+    attacker moves each array at most w (its update) + w (the honest share it displaces) honest
+    update lengths from where the honest sites take it: 0.5 of one for one of four."""
+    outcome, alone, g, honest = attacked_round(attack)
+    assert outcome.updated
+    for key in float_keys(g):
+        longest = max(array_norm(r.params, g, key) for r in honest)
+        assert array_norm(outcome.params, g, key) <= longest * (1 + 1e-5), key
+    assert max(pulled(outcome, alone, g, honest).values()) <= 0.5 + 1e-5
+    if "site-4" in outcome.weights:  # its declared share of four equal sites, whatever it reports
+        assert outcome.weights["site-4"] <= 0.25 + 1e-9
+
+
+# what removing each bound lets through: the update norm bound back at 3 x the median, no declaration,
+# no step floor
+@pytest.mark.parametrize("attack", ["model-replacement", "gaussian", "classifier-flip"])
+def test_without_the_norm_bound_of_one_an_attacker_pulls_an_array_further(attack):
+    outcome, alone, g, honest = attacked_round(attack, min_update_cosine=None, update_norm_bound=3.0)
+    assert max(pulled(outcome, alone, g, honest).values()) > 0.5
+
+
+@pytest.mark.parametrize(
+    "attack, loosened",
+    [
+        ("forged-count", {"declared_sizes": None}),
+        ("forged-steps", {"limits": ResultLimits(min_step_ratio=None)}),
+    ],
+)
+def test_without_the_declaration_or_the_step_floor_a_forged_count_buys_weight(attack, loosened):
+    outcome, _, _, _ = attacked_round(attack, **loosened)
+    assert outcome.weights["site-4"] > 0.4
+
+
+# ---- declared sizes ----------------------------------------------------------------------------
+def _count_round(counts: dict[str, int], declared: dict[str, int] | None):
+    g = global_model()
+    results = []
+    for site, n in counts.items():
+        r = honest_result(site, g)
+        results.append(ClientResult(site, r.params, {**r.meta, META_NUM_SAMPLES: n}))
+    step = RoundStep(
+        get_scheme("fedavg"),
+        PlaintextBackend(g),
+        num_rounds=3,
+        safeguards=Safeguards(
+            declared_sizes=declared, update_norm_bound=None, min_update_cosine=None, max_share=None
+        ),
+    )
+    return step.run(1, results, list(counts))
+
+
+def test_a_count_above_the_declaration_is_clipped_to_it_and_an_undeclared_site_to_the_smallest():
+    declared = {"site-1": 100, "site-2": 300, "site-3": 600}
+    outcome = _count_round({"site-1": 5000, "site-2": 200, "site-3": 600, "site-4": 900}, declared)
+    assert [r.num_samples for r in outcome.reports] == [100, 200, 600, 100]
+    assert outcome.bounded["site-1"] == "num_samples=5000 clipped to 100 (its declared size)"
+    assert (
+        outcome.bounded["site-4"] == "num_samples=900 clipped to 100 (undeclared: the smallest declared size)"
+    )
+    assert set(outcome.bounded) == {"site-1", "site-4"}  # fewer than declared is the site's own loss
+    assert outcome.weights == pytest.approx({"site-1": 0.1, "site-2": 0.2, "site-3": 0.6, "site-4": 0.1})
+
+
+def test_one_site_alone_is_still_held_to_its_declaration():
+    outcome = _count_round({"site-1": 5000}, {"site-1": 100})
+    assert outcome.reports[0].num_samples == 100
+
+
+def test_the_declaration_is_checked_where_it_is_given(tmp_path):
+    assert load_declared_sizes({"site-1": 3}, "here") == {"site-1": 3}
+    assert load_declared_sizes(None, "here") is None
+    for bad, says in [
+        ({}, "non-empty JSON object"),
+        ({"site-1": 0}, r"declared_sizes\['site-1'\] = 0 is not allowed; a declared size is an integer >= 1"),
+        ({"site-1": 2.5}, r"declared_sizes\['site-1'\] = 2.5 is not allowed"),
+        ({"site-1": True}, r"declared_sizes\['site-1'\] = True is not allowed"),
+        ({"": 3}, "a site name must be a non-empty string"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            load_declared_sizes(bad, "here")
+    path = tmp_path / "sizes.json"
+    path.write_text('{"site-1": 30,\n "site-2": }')
+    with pytest.raises(ConfigError, match=r"sizes.json' \(str\) is not allowed; not JSON \(line 2, column"):
+        load_declared_sizes(str(path), "declared_sizes")
+    with pytest.raises(ConfigError, match=r"missing.json' \(str\) is not allowed; cannot read the file"):
+        load_declared_sizes(str(tmp_path / "missing.json"), "declared_sizes")
+    with pytest.raises(ConfigError, match="round safeguards: declared_sizes = "):
+        Safeguards(declared_sizes={"site-1": -1})
+
+
+def test_the_operators_declaration_bounds_the_jobs(tmp_path):
+    path = tmp_path / "declared.json"
+    path.write_text(json.dumps({"site-1": 100, "site-2": 200}))
+    operator = server_declaration({DECLARED_SIZES_ENV: str(path)})
+    assert operator == {"site-1": 100, "site-2": 200} and server_declaration({}) is None
+    job = {"site-1": 500, "site-2": 150, "site-3": 50}
+    assert combine_declarations(job, operator) == {"site-1": 100, "site-2": 150, "site-3": 50}
+    assert combine_declarations(None, None) is None
+
+
+def test_the_controller_reads_a_declaration_file_only_where_the_server_lets_jobs_read(tmp_path, monkeypatch):
+    from fedweigh.flare.controller import FedweighController
+    from fedweigh.flare.persistor import SERVER_READ_DIRS_ENV
+
+    path = tmp_path / "declared.json"
+    path.write_text(json.dumps({"site-1": 100}))
+    controller = FedweighController(declared_sizes=str(path))
+    monkeypatch.setenv(SERVER_READ_DIRS_ENV, str(tmp_path))
+    assert controller._job_declaration() == {"site-1": 100}
+    monkeypatch.setenv(SERVER_READ_DIRS_ENV, str(tmp_path / "elsewhere"))
+    with pytest.raises(PermissionError, match="declared_sizes="):
+        controller._job_declaration()
+    assert FedweighController(declared_sizes={"site-1": 7})._job_declaration() == {"site-1": 7}
+    with pytest.raises(ConfigError, match="declared_sizes = .* is not allowed; a mapping of site name"):
+        FedweighController(declared_sizes=[("site-1", 7)])
+
+
+# ---- the step floor ----------------------------------------------------------------------------
+@pytest.mark.parametrize("epochs", [1, 2, 3])
+@pytest.mark.parametrize("cap", [None, 20, 50])
+def test_the_step_floor_never_raises_an_honest_site(epochs, cap):
+    """tau = E ceil(N / B), or a common cap: never below the floor of its size (sites of 4 batches on)."""
+    rng = np.random.default_rng(epochs * 100 + (cap or 0))
+    for _ in range(500):
+        sizes = rng.integers(4 * 16, 4000, size=rng.integers(2, 9))
+        steps = epochs * np.ceil(sizes / 16)
+        if cap is not None:
+            steps = np.minimum(steps, cap)
+        assert (step_floor(steps, sizes, 1.25) <= steps).all()
+
+
+def test_the_step_floor_holds_a_forged_count_to_an_honest_sites_weight_per_step():
+    steps, sizes = np.array([10.0, 10.0, 10.0, 1.0]), np.array([300.0, 300.0, 300.0, 300.0])
+    assert step_floor(steps, sizes, 1.25).tolist() == [10.0, 10.0, 10.0, 10.0]  # equal sizes: equal steps
+    # forging a small size as well: its floor shrinks with its size, so p_k / tau_k stays bounded
+    sizes = np.array([300.0, 300.0, 300.0, 30.0])
+    floor = step_floor(np.array([10.0, 10.0, 10.0, 1.0]), sizes, 1.25)
+    assert floor[3] == 0.0 or (sizes[3] / floor[3]) <= 1.25 * 300.0 / 10.0
+    assert step_floor(np.array([5.0]), np.array([10.0])).tolist() == [0.0]  # one site: nothing to compare
+
+
+# ---- nearest-neighbour mixing ------------------------------------------------------------------
+def test_nearest_neighbour_mixing_is_byzfls_nnm():
+    byzfl = pytest.importorskip("byzfl")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(7, 40))
+    x[6] *= 20
+    for f in (1, 2, 3):
+        np.testing.assert_allclose(nearest_neighbour_mixing(x @ x.T, f) @ x, byzfl.NNM(f)(x), atol=1e-12)
+    assert (nearest_neighbour_mixing(x @ x.T, 0) == np.eye(7)).all()
+
+
+def test_mixing_in_the_round_replaces_each_update_by_its_neighbours_mean():
+    g = global_model()
+    results = [honest_result(s, g) for s in SITES]
+    far = dict(results[3].params)
+    far["fc.weight"] = far["fc.weight"] + 5.0
+    contributions = [r.params for r in results[:3]] + [far]
+    screened = screen_updates(Safeguards.off(nnm_f=1), g, list(SITES), contributions)
+    # the far update's nearest three are itself and two honest ones: a third of its distance is left
+    mixed = np.asarray(screened.contributions[3]["fc.weight"], np.float64)
+    assert np.abs(mixed - np.asarray(g["fc.weight"])).max() < 2.0
+    # an honest update's three nearest are the three honest ones: their mean
+    honest_mean = np.mean([np.asarray(r.params["fc.weight"], np.float64) for r in results[:3]], axis=0)
+    np.testing.assert_allclose(screened.contributions[0]["fc.weight"], honest_mean, rtol=1e-6)
+    assert screened.contributions[0]["bn.num_batches_tracked"] == results[0].params["bn.num_batches_tracked"]
