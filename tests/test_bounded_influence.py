@@ -21,7 +21,15 @@ from fedweigh.server.declared import (
 )
 from fedweigh.server.robust import nearest_neighbour_mixing, screen_updates
 from fedweigh.server.rounds import ClientResult, PlaintextBackend, RoundStep
-from fedweigh.server.safeguards import Safeguards, step_floor
+from fedweigh.server.safeguards import (
+    Safeguards,
+    auto_colluders,
+    norm_reference,
+    norm_scales,
+    reference_name,
+    step_ceiling,
+    step_floor,
+)
 from fedweigh.server.validation import ResultLimits
 from fedweigh.weighting import get_scheme
 
@@ -246,3 +254,70 @@ def test_mixing_in_the_round_replaces_each_update_by_its_neighbours_mean():
     honest_mean = np.mean([np.asarray(r.params["fc.weight"], np.float64) for r in results[:3]], axis=0)
     np.testing.assert_allclose(screened.contributions[0]["fc.weight"], honest_mean, rtol=1e-6)
     assert screened.contributions[0]["bn.num_batches_tracked"] == results[0].params["bn.num_batches_tracked"]
+
+
+# ---- the norm reference ------------------------------------------------------------------------
+def test_the_reference_is_an_honest_norm_whenever_at_most_f_others_attack():
+    """Whatever norms the f attackers among the others send, the (f + 1)-th largest of the others'
+    is at most the largest honest one, and with f = 0 an honest update is never scaled by another's."""
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        k = int(rng.integers(2, 12))
+        f = int(rng.integers(0, k - 1))
+        honest = rng.uniform(0.5, 2.0, (k - 1 - f, 3))
+        attackers = rng.choice([0.0, 1e-3, 1e3, 1e30], (f, 3))
+        others = np.vstack([honest, attackers])
+        assert (norm_reference(others, f) <= honest.max(axis=0)).all()
+    honest = np.array([1.0, 1.2, 0.8, 1.1])
+    assert (norm_scales(honest, 1.0, 0) < 1).sum() == 1  # only the longest, to the second longest
+    assert (norm_scales(honest, 1.0, "median") < 1).sum() == 2  # the median rule scales half of them
+    assert [auto_colluders(k) for k in (2, 4, 5, 8, 9, 12)] == [0, 0, 1, 1, 2, 2]
+    assert (
+        reference_name("auto", 4) == "the largest norm"
+        and reference_name("auto", 8) == "the 2nd largest norm"
+    )
+    assert reference_name("median", 8) == "the median"
+
+
+@pytest.mark.parametrize("epochs", [1, 2, 3])
+@pytest.mark.parametrize("cap", [None, 20, 50])
+def test_the_step_ceiling_never_clips_an_honest_site(epochs, cap):
+    rng = np.random.default_rng(epochs * 1000 + (cap or 0))
+    for _ in range(500):
+        sizes = rng.integers(4 * 16, 4000, size=rng.integers(2, 9))
+        steps = epochs * np.ceil(sizes / 16)
+        if cap is not None:
+            steps = np.minimum(steps, cap)
+        assert (step_ceiling(steps, sizes, 1.25) >= steps).all()
+
+
+def test_with_declared_sizes_a_larger_site_may_move_further_and_a_forged_step_count_buys_no_norm():
+    # site-1 holds ten times the data and takes ten times the steps: its longer update is honest
+    norms = np.array([10.0, 1.0, 1.1, 0.9])
+    assert norm_scales(norms, 1.0, 0)[0] < 0.2  # judged against the others' norms alone
+    assert norm_scales(norms, 1.0, 0, steps=np.array([100.0, 10, 10, 10]))[0] == 1.0
+    # a site of the others' size that reports 100 steps: the ceiling holds it to theirs, and its norm too
+    steps, sizes = np.array([10.0, 10, 10, 100]), np.full(4, 300.0)
+    held = np.minimum(steps, step_ceiling(steps, sizes, 1.25))
+    assert held.tolist() == [10.0, 10.0, 10.0, 10.0]
+    forged = np.array([1.0, 1.1, 0.9, 10.0])
+    assert norm_scales(forged, 1.0, 0, steps=held)[3] == pytest.approx(1.1 / 10.0)
+
+
+def test_a_forged_step_count_is_clipped_to_the_ceiling_in_the_round():
+    g = global_model()
+    results = [honest_result(s, g) for s in SITES[:3]]
+    last = honest_result("site-4", g)
+    results.append(ClientResult("site-4", last.params, {**last.meta, META_NUM_STEPS: 1000}))
+    step = RoundStep(
+        get_scheme("fedavg"),
+        PlaintextBackend(g),
+        num_rounds=3,
+        safeguards=Safeguards(declared_sizes=DECLARED),
+    )
+    outcome = step.run(1, results, list(SITES))
+    assert (
+        "num_steps=1000 clipped to 10 (more than its declared size makes plausible"
+        in outcome.bounded["site-4"]
+    )
+    assert outcome.reports[3].num_steps == 10

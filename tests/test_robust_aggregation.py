@@ -171,7 +171,7 @@ def test_a_layer_targeted_flip_is_caught_by_the_per_array_check_only():
         1, results, SITES
     )
     assert not whole.excluded and not whole.bounded
-    # the default bound (1 x the median) scales its head down to the honest sites' median norm
+    # the default bound (1 x the largest of the other sites' norms) scales its head down to an honest one's
     default = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3).run(1, results, SITES)
     assert not default.excluded and "site-4" in default.bounded
     outcome = _round(results, array_cosine=0.0)

@@ -145,10 +145,10 @@ def test_a_forged_step_count_far_from_the_others_is_clipped_to_the_bound():
     )
     assert "site-4" not in outcome.bounded  # 1 step against 10 is within 100 x: the ratio alone lets it be
     assert outcome.weights["site-4"] == pytest.approx(1 / 1.3)
-    # the step floor: no fewer steps than its size makes plausible (10 / 1.25 = 8), not 10 times the weight
+    # the step floor: no fewer steps than a site of its size takes (the others' 10), not 10 times the weight
     outcome, _ = _fednova_round(1, max_share=None)
-    assert "num_steps=1 raised to 8 (fewer than its size makes plausible" in outcome.bounded["site-4"]
-    assert outcome.weights["site-4"] == pytest.approx((1 / 8) / (3 / 10 + 1 / 8))
+    assert "num_steps=1 raised to 10 (fewer than its size makes plausible" in outcome.bounded["site-4"]
+    assert outcome.weights["site-4"] == pytest.approx(0.25)
 
 
 @pytest.mark.parametrize(
@@ -286,7 +286,7 @@ def test_a_negative_running_var_cannot_reach_the_global_model(probe):
     g = tiny_global()
     sent = {s: tiny_update(s, g) for s in SITES}
     sent["site-4"]["1.running_var"] = np.full(16, -5.0, np.float32)  # finite, in range, honest weights
-    # (a norm bound that leaves the honest sites' buffers as sent: at 1 x the median it scales half of them)
+    # (a norm bound that leaves the honest sites' buffers as sent: at 1 x the others' largest it scales the largest)
     step = tiny_step(g, probe, update_norm_bound=3.0)
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
     assert outcome.updated and set(outcome.weights) == set(SITES)  # its parameters still count
@@ -354,7 +354,7 @@ def test_a_trim_of_a_few_small_arrays_is_recorded_but_not_logged_as_a_scaled_upd
     step = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3)
     with caplog.at_level(logging.INFO, logger="fedweigh.server.rounds"):
         outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
-    assert "arrays above 1 x the median" in outcome.bounded["site-4"]
+    assert "arrays above 1 x the largest norm" in outcome.bounded["site-4"]
     trims = [r for r in caplog.records if "site-4: " in r.getMessage() and "arrays above" in r.getMessage()]
     assert [r.levelno for r in trims] == [logging.INFO]  # before: a warning every round
     # a real scaling (the update's norm falls by 1 % or more) is a warning

@@ -122,7 +122,7 @@ def test_two_bounds_on_one_site_are_both_recorded_and_logged_as_warnings():
     record = outcome.bounded["site-4"]
     counts, norms = record.split("; ", 1)
     assert counts.startswith("num_samples=100000 clipped to 10000 ")
-    assert norms.startswith("2 of 2 arrays above 1 x the median of the other sites' scaled down to it")
+    assert norms.startswith("2 of 2 arrays above 1 x the largest norm of the other sites' scaled down to it")
     assert [line for line in logged if "site-4" in line] == [
         f"round 1: site-4: {counts}",
         f"round 1: site-4: {norms}",
@@ -311,7 +311,7 @@ def test_steps_far_above_the_others_are_bounded_from_above():
 
 def test_the_norm_bound_record_gives_the_norms_of_the_arrays_it_scaled_and_of_the_whole_update():
     g = global_model()
-    step, logged = logged_step(g, update_norm_bound=3.0)
+    step, logged = logged_step(g, update_norm_bound=3.0, norm_colluders="median")
     sent = {s: update(s, g) for s in SITES}
     big = dict(sent["site-4"])
     big["w"] = (g["w"] + 20 * (sent["site-4"]["w"] - g["w"])).astype(np.float32)  # only w far above
@@ -384,7 +384,7 @@ def test_an_update_pointing_away_from_the_others_is_left_out_with_a_logged_reaso
 
 def test_a_site_bounded_by_the_norm_bound_and_the_clip_keeps_both_notes_and_each_is_logged():
     g = global_model()
-    step, logged = logged_step(g, update_norm_bound=3.0, clip_norm=0.05)
+    step, logged = logged_step(g, update_norm_bound=3.0, clip_norm=0.05, norm_colluders="median")
     sent = {s: update(s, g) for s in SITES}
     sent["site-4"] = update("site-4", g, scale=1.0)
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))

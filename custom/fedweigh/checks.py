@@ -245,6 +245,9 @@ def check_server_values(values: Mapping[str, Any], source: str) -> None:
     value = values.get("update_norm_bound")
     if value is not None and not (_is_number(value) and value >= 1.0):
         c.fail("update_norm_bound", "null (off) or a finite number >= 1")
+    value = values.get("norm_colluders", "auto")
+    if value not in ("auto", "median") and not (_is_int(value) and value >= 0):
+        c.fail("norm_colluders", "'auto', 'median' or an integer >= 0")
     value = values.get("min_update_cosine")
     if value is not None and not (_is_number(value) and -1.0 <= value <= 1.0):
         c.fail("min_update_cosine", "null (off) or a number in [-1, 1]")

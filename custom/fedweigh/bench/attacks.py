@@ -59,13 +59,14 @@ import numpy as np
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.bench.config import SAFEGUARDS, BenchConfig, bench_safeguards, cell_args, make_config
 from fedweigh.bench.federations import federation_for
+from fedweigh.bench.he_sites import EncryptedInProcessSites, HEKeys
 from fedweigh.bench.modes import run_federated
 from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool
 from fedweigh.data.base import Federation, SiteData
 from fedweigh.data.scenarios import Scenario
 from fedweigh.io import atomic_write_text
 from fedweigh.metrics import evaluate_scores
-from fedweigh.protocol import META_NUM_SAMPLES, META_NUM_STEPS
+from fedweigh.protocol import ABSOLUTE_MIN, META_NUM_SAMPLES, META_NUM_STEPS
 from fedweigh.server.loop import TrainTask
 from fedweigh.server.records import RoundRecorder
 from fedweigh.server.rounds import ClientResult
@@ -75,6 +76,7 @@ from fedweigh.server.validation import ResultLimits
 __all__ = [
     "ATTACKS",
     "CANDIDATES",
+    "HE_SUITE",
     "SETTINGS",
     "SUITE",
     "Attack",
@@ -87,6 +89,8 @@ __all__ = [
     "make_attack",
     "run_attack",
     "run_suite",
+    "markdown_table",
+    "settings_line",
     "summarise",
     "summary_line",
 ]
@@ -94,7 +98,8 @@ __all__ = [
 #: Reported sample counts of ``forged-count``: this many times the true one.
 FORGED_COUNT = 1000
 #: ``classifier-flip``: the classifier's arrays at this many times the norm of the attacker's own
-#: update of the array (the default norm bound is 3 x the median of the other sites').
+#: update of the array (just inside a norm bound of 3 x the median of the other sites', the default
+#: before bounded influence).
 CLASSIFIER_FACTOR = 2.9
 #: ``min-max`` / ``min-sum``: at most this many tries of the search for gamma (from gamma_init 10 to
 #: tau 1e-5 it takes about 20).
@@ -378,6 +383,11 @@ SUITE: tuple[tuple[str, str], ...] = (
 )
 
 
+#: The suite's attacks under HE: those on FedAvg (the schemes that need plaintext updates, FedDRAW's
+#: similarity among them, are refused under HE; FedNova's steps travel in clear as in plaintext).
+HE_SUITE: tuple[tuple[str, str], ...] = tuple((a, s) for a, s in SUITE if s == "fedavg")
+
+
 def make_attack(spec: str | Attack) -> Attack:
     """The attack ``spec`` names (:data:`ATTACKS`; ``a+b`` for several in turn)."""
     if isinstance(spec, Attack):
@@ -428,19 +438,50 @@ class TamperingSites(InProcessSites):
         return self.tamper(task, super().train(task))
 
     def tamper(self, task: TrainTask, results: Sequence[ClientResult]) -> list[ClientResult]:
-        """``results`` with each attacker's altered by the attack (plaintext tasks only)."""
-        if task.plan.get("he"):
-            raise NotImplementedError("TamperingSites: attacks on encrypted updates are not wired yet")
-        g = to_numpy_dict(task.params)
-        view = RoundView(task.round_index, g, tuple(r for r in results if r.site not in self.attackers))
-        out = []
-        for r in results:
-            if r.site in self.attackers:
-                rng = np.random.default_rng([self.seed, task.round_index, self.attackers.index(r.site)])
-                r = self.attack.tamper(r, view, rng)
-                self.sent.setdefault(task.round_index, {})[r.site] = r
-            out.append(r)
-        return out
+        """``results`` with each attacker's altered by the attack (plaintext tasks)."""
+        return tamper_results(self, task.round_index, to_numpy_dict(task.params), results)
+
+
+def tamper_results(
+    sites: TamperingSites | EncryptedTamperingSites, t: int, g: Params, results: Sequence[ClientResult]
+) -> list[ClientResult]:
+    """Round ``t``'s results with each of ``sites.attackers``' altered by ``sites.attack``, the honest
+    results and the global model ``g`` the sites trained from in view; kept in ``sites.sent``."""
+    view = RoundView(t, g, tuple(r for r in results if r.site not in sites.attackers))
+    out = []
+    for r in results:
+        if r.site in sites.attackers:
+            rng = np.random.default_rng([sites.seed, t, sites.attackers.index(r.site)])
+            r = sites.attack.tamper(r, view, rng)
+            sites.sent.setdefault(t, {})[r.site] = r
+        out.append(r)
+    return out
+
+
+class EncryptedTamperingSites(EncryptedInProcessSites):
+    """:class:`TamperingSites` under HE: the attackers alter their plaintext results (the honest ones
+    in view) and encrypt them without the guard's clipping; the honest sites run as the NVFlare client
+    does (:class:`~fedweigh.bench.he_sites.EncryptedInProcessSites`)."""
+
+    def __init__(
+        self,
+        sites: LocalSites,
+        score: Callable[[Params], dict[str, float]],
+        keys: HEKeys,
+        attack: Attack,
+        attackers: Sequence[str],
+        seed: int = 0,
+        min_secure_sum: int = ABSOLUTE_MIN,
+    ):
+        super().__init__(sites, score, keys, min_secure_sum)
+        self.attack = attack
+        self.attackers = tuple(attackers)
+        self.seed = int(seed)
+        self.sent: dict[int, dict[str, ClientResult]] = {}
+
+    def alter(self, task, results, receipts):
+        g = to_numpy_dict(receipts[results[0].site].receipt.received)
+        return tamper_results(self, task.round_index, g, results), set(self.attackers)
 
 
 # ------------------------------------------------------------------------------------------- runs
@@ -549,6 +590,8 @@ class AttackRecord:
     """One run: the attack, who attacked, the setting, what the safeguards did and the AUC drop.
 
     ``left_out``: per training round (as a string key), the sites the round step left out;
+    ``refused`` (HE): per round, the sites that refused the global model they decrypted (``-1``: the
+    final model);
     ``drop``: clean AUC - AUC of the final global model on the test set (NaN when either is missing).
     """
 
@@ -560,11 +603,13 @@ class AttackRecord:
     rounds: int
     seed: int
     settings: str
+    he: bool = False
     crashed: bool = False
     stalled: list[int] = field(default_factory=list)
     left_out: dict[str, list[str]] = field(default_factory=dict)
     bounded: dict[str, list[str]] = field(default_factory=dict)
     attacker_max_weight: float = 0.0
+    refused: dict[str, list[str]] = field(default_factory=dict)
     auc: float = float("nan")
     clean_auc: float = float("nan")
     drop: float = float("nan")
@@ -602,6 +647,7 @@ def run_attack(
     site_workers: int = 1,
     recorder: RoundRecorder | None = None,
     on_transport: Callable[[InProcessSites], None] | None = None,
+    he: bool = False,
 ) -> AttackRecord:
     """One run of ``attack`` by ``attackers`` of ``sites`` sites (None: the clean run) through
     :func:`~fedweigh.server.loop.run_rounds`: the bench's own federated run
@@ -610,8 +656,11 @@ def run_attack(
 
     ``clean_auc``: the clean run's AUC (None: run it here). ``recorder``: where the rounds go
     (default: a new one in memory). ``on_transport``: called with the transport before the rounds
-    (e.g. to read :attr:`TamperingSites.sent` afterwards). "Crashed": an exception escaped the server
-    or the final model's AUC is not finite; "stalled": a training round left the model unchanged.
+    (e.g. to read :attr:`TamperingSites.sent` afterwards). ``he``: the updates travel encrypted (the
+    server's :class:`~fedweigh.server.encrypted.EncryptedGlobalModel`, the sites' guards,
+    :class:`EncryptedTamperingSites`; the AUC is that of the model the first site holds). "Crashed": an
+    exception escaped the server or the final model's AUC is not finite; "stalled": a training round
+    left the model unchanged.
     """
     t0 = time.perf_counter()
     config = attack_config(sites, scheme, safeguards, rounds, seed, settings, site_workers)
@@ -629,17 +678,29 @@ def run_attack(
         rounds=rounds,
         seed=seed,
         settings=settings,
+        he=he,
     )
     fed = _federation(config, seed, names, chosen)
     spec = config.spec(scheme)
     args = cell_args(config, config.scenarios[0], seed, spec)
     recorder = recorder if recorder is not None else RoundRecorder(None, scheme)
 
+    keys = HEKeys() if he else None
+    made_transports: list[InProcessSites] = []
+    floor = config.safeguards.min_secure_sum
+
     def transport(trainers, metrics) -> InProcessSites:
-        if chosen is None:
+        if keys is not None:
+            made = (
+                EncryptedInProcessSites(trainers, metrics, keys, floor)
+                if chosen is None
+                else EncryptedTamperingSites(trainers, metrics, keys, chosen, names, seed, floor)
+            )
+        elif chosen is None:
             made = InProcessSites(trainers, metrics)
         else:
             made = TamperingSites(trainers, metrics, chosen, names, seed)
+        made_transports.append(made)
         if on_transport is not None:
             on_transport(made)
         return made
@@ -647,7 +708,9 @@ def run_attack(
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
-            _, scores, _ = run_federated(spec, fed, args, config, recorder=recorder, transport=transport)
+            _, scores, _ = run_federated(
+                spec, fed, args, config, recorder=recorder, transport=transport, he=keys
+            )
             test = fed.test
             record.auc = float(evaluate_scores(test.task, test.labels, scores[0], test.class_names)["auc"])
     except Exception as e:  # an attack that escapes every check is a crash of the job
@@ -666,6 +729,9 @@ def run_attack(
         record.attacker_max_weight = max(
             record.attacker_max_weight, float(sum(weights.get(s, 0.0) for s in names))
         )
+    for made in made_transports:
+        for t, sites_ in sorted(getattr(made, "refusals", {}).items()):
+            record.refused[str(t)] = sorted(set(sites_))
     if not np.isfinite(record.auc):
         record.crashed = True
         record.error = record.error or "the final global model gives no finite test AUC"
@@ -680,6 +746,7 @@ def run_attack(
                 seed=seed,
                 settings=settings,
                 site_workers=site_workers,
+                he=he,
             )
             clean_auc = clean.auc
         record.clean_auc = float(clean_auc)
@@ -693,13 +760,20 @@ def run_attack(
 # ------------------------------------------------------------------------------------------- suite
 def summarise(records: Sequence[AttackRecord]) -> dict:
     """Attack runs tried and crashed or stalled, and the worst AUC drop of each group: one attacker of
-    4 sites, one of 8, two of 8 (per attack and scheme the mean drop over its completed seeds, the
-    worst of those; None where none completed); HE attacks are not run by this suite (None)."""
+    4 sites, one of 8, two of 8 in plaintext, and one of 4 under HE (per attack and scheme the mean
+    drop over its completed seeds, the worst of those; None where none completed; ``he`` "not run"
+    when no run was under HE)."""
 
-    def worst(k: int, n: int) -> float | None:
+    def worst(k: int, n: int, he: bool = False) -> float | None:
         drops: dict[tuple[str, str], list[float]] = {}
         for r in records:
-            if r.sites == k and len(r.attackers) == n and not r.crashed and np.isfinite(r.drop):
+            if (
+                r.he == he
+                and r.sites == k
+                and len(r.attackers) == n
+                and not r.crashed
+                and np.isfinite(r.drop)
+            ):
                 drops.setdefault((r.attack, r.scheme), []).append(r.drop)
         return round(max(float(np.mean(d)) for d in drops.values()), 4) if drops else None
 
@@ -709,14 +783,14 @@ def summarise(records: Sequence[AttackRecord]) -> dict:
         "worst_auc_drop_one_of_4": worst(4, 1),
         "worst_auc_drop_one_of_8": worst(8, 1),
         "worst_auc_drop_two_of_8": worst(8, 2),
-        "worst_auc_drop_he": None,
-        "he": "not run",
+        "worst_auc_drop_he": worst(4, 1, he=True),
+        "he": "run" if any(r.he for r in records) else "not run",
     }
 
 
 def summary_line(summary: Mapping[str, Any]) -> str:
     """``attacks: N tried, C crashed or stalled, worst AUC drop D (one of 4), D8 (one of 8), E (two of
-    8), H (HE)`` (``n/a`` where no run of the group completed; H ``not run`` while HE is not wired)."""
+    8), H (HE)`` (``n/a`` where no run of the group completed; H ``not run`` when no run was under HE)."""
 
     def show(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.4f}"
@@ -740,9 +814,11 @@ def run_suite(
     settings: str = "attack",
     site_workers: int = 1,
     progress: Callable[[AttackRecord], None] | None = None,
+    he: bool = False,
 ) -> list[AttackRecord]:
     """Every (attack, scheme) of ``attacks`` for every K in ``sites``, number of attackers in
-    ``colluders`` (at most K / 2, leaving two honest sites) and seed; one clean run per (K, scheme, seed)."""
+    ``colluders`` (at most K / 2, leaving two honest sites) and seed; one clean run per (K, scheme, seed).
+    ``he``: every run under HE."""
     clean: dict[tuple[int, str, int], float] = {}
     records = []
     for k in sites:
@@ -759,6 +835,7 @@ def run_suite(
                             seed=seed,
                             settings=settings,
                             site_workers=site_workers,
+                            he=he,
                         ).auc
                     record = run_attack(
                         attack,
@@ -771,11 +848,85 @@ def run_suite(
                         settings=settings,
                         clean_auc=clean[(k, scheme, seed)],
                         site_workers=site_workers,
+                        he=he,
                     )
                     records.append(record)
                     if progress is not None:
                         progress(record)
     return records
+
+
+#: The groups of a suite's table, in order: (K, attackers) -> column heading.
+GROUPS: dict[tuple[int, int], str] = {
+    (4, 1): "one of 4",
+    (4, 2): "two of 4",
+    (8, 1): "one of 8",
+    (8, 2): "two of 8",
+}
+
+
+def settings_line(body: Mapping[str, Any]) -> str:
+    """The settings a suite's JSON holds, in words: the heading of its table in docs/security.md."""
+    st = body["settings"]
+    return (
+        f"Settings: {st['rounds']} rounds; K = {', '.join(map(str, st['sites']))} sites; "
+        f"{' or '.join(map(str, st['colluders']))} attacking site(s); seeds {', '.join(map(str, st['seeds']))}; "
+        f"safeguards `{st['safeguards']}`; SynthCXR iid, {st.get('size', 28)} px, {st['per_site']} images per "
+        f"site, compact DenseNet, {st.get('max_steps', 2)} local steps of batch {st.get('batch_size', 16)} per round; "
+        "the scheme of each row"
+        + (
+            "; model updates encrypted (HE), the AUC that of the model the first site holds."
+            if st.get("he")
+            else "."
+        )
+    )
+
+
+def markdown_table(body: Mapping[str, Any]) -> str:
+    """A suite's table: per attack and scheme, the AUC drop against the clean run of the same seed,
+    as the mean over seeds and the worst seed, per group (K, attackers), then the largest weight the
+    attackers held and the site-rounds the safeguards left them out; the settings line above it and
+    the summary line below."""
+    runs = [r for r in body["runs"] if not r.get("crashed_or_stalled")]
+    rows: dict[tuple[str, str], dict[tuple[int, int], list[dict]]] = {}
+    for r in body["runs"]:
+        rows.setdefault((r["attack"], r["scheme"]), {}).setdefault(
+            (r["sites"], len(r["attackers"])), []
+        ).append(r)
+    groups = [g for g in GROUPS if any(g in cells for cells in rows.values())]
+    head = " | ".join(f"{GROUPS[g]}: mean (worst)" for g in groups)
+    he = any(r.get("he") for r in body["runs"])
+    lines = [
+        settings_line(body),
+        "",
+        f"| attack | scheme | {head} | largest attackers' weight | attacker site-rounds left out |"
+        + (" honest site-rounds refusing the global model |" if he else ""),
+        "|---|---|" + "---|" * len(groups) + "---|---|" + ("---|" if he else ""),
+    ]
+    for (attack, scheme), cells in rows.items():
+        shown = []
+        for g in groups:
+            done = [r["drop"] for r in cells.get(g, []) if r in runs and r["drop"] == r["drop"]]
+            crashed = sum(bool(r.get("crashed_or_stalled")) for r in cells.get(g, []))
+            text = f"{np.mean(done):+.4f} ({max(done):+.4f})" if done else "-"
+            shown.append(text + (f", {crashed} crashed or stalled" if crashed else ""))
+        every = [r for c in cells.values() for r in c]
+        weight = max(r["attacker_max_weight"] for r in every)
+        left = sum(
+            sum(1 for names in r["left_out"].values() for n in names if n in r["attackers"]) for r in every
+        )
+        refused = ""
+        if he:
+            refused = " | " + str(
+                sum(
+                    sum(1 for n in names if n not in r["attackers"])
+                    for r in every
+                    for names in r["refused"].values()
+                )
+            )
+        lines.append(f"| {attack} | {scheme} | {' | '.join(shown)} | {weight:.3f} | {left}{refused} |")
+    lines += ["", summary_line(body["summary"])]
+    return "\n".join(lines)
 
 
 def _ints(text: str) -> list[int]:
@@ -805,7 +956,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settings", choices=tuple(SETTINGS), default="attack", help="client settings")
     parser.add_argument("--workers", type=int, default=1, help="processes the sites train in (default 1)")
     parser.add_argument("--out", default=None, help="JSON file of the runs and the summary")
+    parser.add_argument(
+        "--he", action="store_true", help="every run with HE model updates (default: plaintext)"
+    )
+    parser.add_argument("--markdown", default=None, help="print the table of a suite's JSON file and exit")
     ns = parser.parse_args(argv)
+    if ns.markdown:
+        print(markdown_table(json.loads(Path(ns.markdown).read_text())))
+        return 0
     if ns.attacks:
         chosen = []
         for item in ns.attacks.split(","):
@@ -813,7 +971,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             make_attack(attack)  # a clear error before any run
             chosen.append((attack, scheme or "fedavg"))
     else:
-        chosen = list(SUITE)
+        chosen = list(HE_SUITE if ns.he else SUITE)
     t0 = time.perf_counter()
     records: list[AttackRecord] = []
     command = "python -m fedweigh.bench.attacks " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -829,6 +987,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "sites": ns.sites,
                     "colluders": ns.colluders,
                     "safeguards": ns.safeguards,
+                    "he": ns.he,
                     "client": ns.settings,
                     **SETTINGS[ns.settings],
                 },
@@ -859,6 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings=ns.settings,
         site_workers=ns.workers,
         progress=progress,
+        he=ns.he,
     )
     write(True)
     summary = summarise(records)

@@ -29,6 +29,7 @@ import numpy as np
 from fedweigh.bench.cells import cell_key, settings_hash
 from fedweigh.bench.config import BenchConfig, cell_args
 from fedweigh.bench.federations import federation_for, pool_sites, without_test
+from fedweigh.bench.he_sites import EncryptedInProcessSites, HEKeys
 from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool, make_sites
 from fedweigh.data import primary_labels
 from fedweigh.data.base import Federation, LabeledImages
@@ -162,7 +163,8 @@ def run_federated(
     config: BenchConfig,
     score_test: bool = True,
     recorder: RoundRecorder | None = None,
-    transport: Callable[[LocalSites | SitePool, Callable[[dict], dict]], Transport] = InProcessSites,
+    transport: Callable[[LocalSites | SitePool, Callable[[dict], dict]], Transport] | None = None,
+    he: HEKeys | None = None,
 ) -> tuple[list[dict], np.ndarray, dict]:
     """A federated run in the controller's order (module docstring); (rows, final test scores (1, N, C),
     :func:`safeguard_audit`).
@@ -170,12 +172,27 @@ def run_federated(
     ``recorder``: where the rounds are recorded (default: a new one in memory); it keeps the
     controller's bookkeeping (``excluded``, ``bounded``, ``global_updated``), which the returned
     rows leave out. ``transport``: builds the run's transport from the sites and the test scorer's
-    metrics (default: :class:`~fedweigh.bench.sites.InProcessSites`; the attack suite passes one that
-    tampers with the attackers' results)."""
+    metrics (default: :class:`~fedweigh.bench.sites.InProcessSites`, under HE
+    :class:`~fedweigh.bench.he_sites.EncryptedInProcessSites`; the attack suite passes one that tampers
+    with the attackers' results). ``he``: the job's key pair; the server's backend is then
+    :class:`~fedweigh.server.encrypted.EncryptedGlobalModel` (it holds only the public context) and
+    the final scores are those of the model the first site holds."""
     scheme = spec.make_scheme()
     scorer = TestScorer(args, fed.test, pool_sites(fed.sites).val, config.threshold, score_test)
     use_model_buffers(scheme, scorer.model)  # geometry over the model's parameters, as the sites' own
-    backend = PlaintextBackend(scorer.initial_params())
+    initial = scorer.initial_params()
+    if he is None:
+        backend = PlaintextBackend(initial)
+    else:
+        from fedweigh.server.encrypted import EncryptedGlobalModel
+
+        backend = EncryptedGlobalModel(he.public, initial)
+    if transport is None:
+        transport = (
+            InProcessSites
+            if he is None
+            else (lambda sites, score: EncryptedInProcessSites(sites, score, he, guards.min_secure_sum))
+        )
     guards = config.safeguards
     if config.declare_sizes and guards.declared_sizes is None:  # the consortium's declaration
         guards = replace(guards, declared_sizes={s.name: len(s.train) for s in fed.sites})
@@ -196,12 +213,16 @@ def run_federated(
             releases = sites.released_statistics().values()
             sites.set_global_stats(global_stats_of((r.class_counts, r.num_samples) for r in releases))
         plan = step.plan(str(spec.scheme), spec.scheme_args)
-        run_rounds(step, transport(sites, scorer.metrics), recorder, plan, loop, log=logger.info)
+        made = transport(sites, scorer.metrics)
+        run_rounds(step, made, recorder, plan, loop, log=logger.info)
+        final = backend.task_params()
+        if he is not None:  # the server holds ciphertext: the model the first site holds
+            final = made.held(final, backend.task_meta())
     finally:
         sites.close()
     return (
         _plain_rows(recorder.rows),
-        scorer.scores(backend.task_params())[None],
+        scorer.scores(final)[None],
         safeguard_audit(recorder.rows),
     )
 

@@ -66,6 +66,8 @@ from fedweigh.server.safeguards import (
     objecting_sites,
     plausible_counts,
     pulls_against_others,
+    reference_name,
+    step_ceiling,
     step_floor,
 )
 from fedweigh.server.validation import check_meta, check_params, check_site_metrics, finite_metrics
@@ -456,6 +458,15 @@ class RoundStep:
                     f"size makes plausible next to the other sites' step counts, min_step_ratio={step_ratio:g})"
                 )
             steps = np.maximum(steps, floor)
+        if declared is not None and step_ratio is not None and several:
+            # with declared sizes, the most steps a site's size makes plausible: the norm bound reads them
+            ceiling = step_ceiling(raw_steps, np.maximum(sizes, 1.0), step_ratio)
+            for i in np.flatnonzero(ceiling < steps):
+                notes[i].append(
+                    f"num_steps={outcome.reports[i].num_steps} clipped to {int(ceiling[i])} (more than its "
+                    f"declared size makes plausible next to the other sites' step counts, min_step_ratio={step_ratio:g})"
+                )
+            steps = np.minimum(steps, ceiling)
         reports = []
         for report, n, tau, changed in zip(outcome.reports, sizes, steps, notes, strict=True):
             if changed:
@@ -490,7 +501,13 @@ class RoundStep:
         outcome.reports = [outcome.reports[i] for i in keep]
         contributions = [contributions[i] for i in keep]
         norms = norms[keep]
-        scales = norm_scales(norms, bound)
+        # with declared sizes, steps are held to what each size makes plausible: the bound grows with them
+        steps = (
+            np.array([r.num_steps for r in outcome.reports], dtype=np.float64)
+            if self.safeguards.declared_sizes is not None
+            else None
+        )
+        scales = norm_scales(norms, bound, self.safeguards.norm_colluders, steps)
         out = []
         for report, contribution, row, factors in zip(
             outcome.reports, contributions, norms, scales, strict=True
@@ -501,8 +518,9 @@ class RoundStep:
                 over = factors < 1.0
                 arrays_before = float(np.sqrt(np.sum(row[over] ** 2)))
                 arrays_after = float(np.sqrt(np.sum((row[over] * factors[over]) ** 2)))
+                reference = reference_name(self.safeguards.norm_colluders, len(contributions))
                 what = (
-                    f"{int(over.sum())} of {factors.size} arrays above {bound:g} x the median of the other "
+                    f"{int(over.sum())} of {factors.size} arrays above {bound:g} x {reference} of the other "
                     f"sites' scaled down to it (their norm {arrays_before:.4g} -> {arrays_after:.4g}; "
                     f"update norm {before:.6g} -> {after:.6g})"
                 )

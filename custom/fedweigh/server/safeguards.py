@@ -44,12 +44,16 @@ __all__ = [
     "Safeguards",
     "cap_weights",
     "direction_outliers",
+    "auto_colluders",
+    "norm_reference",
     "norm_scales",
+    "reference_name",
     "objecting_sites",
     "params_digest",
     "pulls_against_others",
     "plausible_counts",
     "resolve_max_share",
+    "step_ceiling",
     "step_floor",
     "update_cosines",
 ]
@@ -59,10 +63,10 @@ __all__ = [
 #: of them the majority, and the cap would force equal weights).
 DEFAULT_MAX_SHARE = 0.5
 AUTO_CAP_MIN_SITES = 3
-#: Default ``update_norm_bound``: every array of an update may be at most this many times the median
-#: norm of the same array in the other sites' updates of the round (larger ones are scaled down). At 1,
-#: while fewer than half of the others attack, that median is an honest site's norm: no update moves
-#: an array further than an honest site's update does (docs/security.md, "Bounded influence").
+#: Default ``update_norm_bound``: every array of an update may be at most this many times the reference
+#: norm of the same array in the other sites' updates of the round (larger ones are scaled down;
+#: :func:`norm_reference`). At 1 the reference is an honest site's norm: no update moves an array
+#: further than an honest site's update does (docs/security.md, "Bounded influence").
 DEFAULT_UPDATE_NORM_BOUND = 1.0
 #: Default ``min_update_cosine``: an update whose cosine with more than half of the other sites'
 #: updates is below this, while those agree with each other, is left out (three or more updates,
@@ -73,7 +77,14 @@ DEFAULT_MIN_UPDATE_COSINE = 0.0
 DIRECTION_MIN_PULL = 0.5
 
 #: The options of :class:`Safeguards` that a job sets (``limits`` is the server's own).
-_OPTIONS = ("min_clients", "max_share", "update_norm_bound", "min_update_cosine", "min_secure_sum")
+_OPTIONS = (
+    "min_clients",
+    "max_share",
+    "update_norm_bound",
+    "norm_colluders",
+    "min_update_cosine",
+    "min_secure_sum",
+)
 #: The robust options (:mod:`fedweigh.server.robust`; all off by default, plaintext only).
 ROBUST_OPTIONS = ("aggregator", "trim", "krum_f", "array_cosine", "clip_norm", "nnm_f")
 
@@ -87,9 +98,12 @@ class Safeguards:
         max_share: cap on any one site's share of the round's total weight: ``"auto"`` (default:
             :data:`DEFAULT_MAX_SHARE` once three or more sites count), a number in (0, 1], or None
             (no cap).
-        update_norm_bound: scale an update down to this many times the median norm of the other
-            sites' updates of the round (default :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off).
-            Plaintext only.
+        update_norm_bound: scale every array of an update down to this many times the reference norm
+            of the same array in the other sites' updates of the round (default
+            :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off). Plaintext only.
+        norm_colluders: the reference (:func:`norm_reference`): the (f + 1)-th largest of the other
+            sites' norms, f = this many sites acting with the judged one (``"auto"``, the default:
+            :func:`auto_colluders`, floor((K - 1) / 4)), or ``"median"`` (their median).
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
             updates is below this while no two of those are below it with each other (default
             :data:`DEFAULT_MIN_UPDATE_COSINE`: one that opposes a consensus); from three updates on,
@@ -133,6 +147,7 @@ class Safeguards:
     clip_norm: float | None = None
     nnm_f: int | None = None
     declared_sizes: Mapping[str, int] | None = None
+    norm_colluders: int | str = "auto"
     source: InitVar[str] = "round safeguards"
 
     def __post_init__(self, source: str) -> None:
@@ -187,19 +202,62 @@ def resolve_max_share(max_share: float | str | None, num_sites: int) -> float | 
     return float(max_share)
 
 
-def norm_scales(norms: np.ndarray, bound: float) -> np.ndarray:
+def norm_reference(others: np.ndarray, colluders: int | str) -> np.ndarray:
+    """Per array (column), the norm the bound is a multiple of, from the OTHER updates' norms (rows):
+    the (f + 1)-th largest, f = ``colluders`` (``"auto"``: :func:`auto_colluders` of the round's K =
+    rows + 1), or their median (``"median"``).
+
+    Whoever the judged site is, at most f of the others acting with it can only fill the f largest
+    places, so the (f + 1)-th largest is at most an honest site's norm: the bound is an honest update's
+    length against up to f + 1 colluding sites, and lets an honest site's update through unless it is
+    longer than the (f + 1)-th longest of the others'.
+    """
+    x = np.asarray(others, dtype=np.float64)
+    if colluders == "median":
+        return np.median(x, axis=0)
+    f = auto_colluders(x.shape[0] + 1) if colluders == "auto" else int(colluders)
+    ranked = -np.sort(-x, axis=0)  # descending per column
+    return ranked[min(f, x.shape[0] - 1)]
+
+
+def auto_colluders(num_updates: int) -> int:
+    """``norm_colluders="auto"``: floor((K - 1) / 4) other sites acting with the judged one (0 up to 4
+    sites: one attacker; 1 from 5 to 8: two colluders; a quarter of the sites from there)."""
+    return max(0, (int(num_updates) - 1) // 4)
+
+
+def reference_name(colluders: int | str, num_updates: int) -> str:
+    """The reference of :func:`norm_reference` in words, for a round of ``num_updates``."""
+    if colluders == "median":
+        return "the median"
+    f = auto_colluders(num_updates) if colluders == "auto" else int(colluders)
+    rank = {0: "", 1: "2nd ", 2: "3rd "}.get(f, f"{f + 1}th ")
+    return f"the {rank}largest norm"
+
+
+def norm_scales(
+    norms: np.ndarray, bound: float, colluders: int | str = "median", steps: np.ndarray | None = None
+) -> np.ndarray:
     """Per update (row) and array (column), the factor (<= 1) that brings the array's norm within
-    ``bound`` times the median norm of the same array in the OTHER updates of the round
-    (leave-one-out, so the site being judged never sets its own bound and one site cannot raise it;
-    one update alone is left as it is). A 1-D ``norms`` is one array per update."""
+    ``bound`` times the reference norm of the same array in the OTHER updates of the round
+    (:func:`norm_reference`: their median, or their (f + 1)-th largest; leave-one-out, so the site
+    being judged never sets its own bound; one update alone is left as it is). A 1-D ``norms`` is one
+    array per update.
+
+    ``steps`` (tau_k, each within what its declared size makes plausible): update j's norms count as
+    ||Delta_j|| max(1, tau_k / tau_j) when judging site k: a site that takes more local steps, because
+    it holds more data, may move the model as far as an honest site of its size would."""
     norms = np.asarray(norms, dtype=np.float64)
     n = norms.reshape(norms.shape[0], -1)  # one row per update
+    tau = None if steps is None else np.maximum(np.asarray(steps, dtype=np.float64).reshape(-1), 1.0)
     scales = np.ones(n.shape)
     for k in range(n.shape[0]):
         others = np.delete(n, k, axis=0)
+        if tau is not None:
+            others = others * np.maximum(1.0, tau[k] / np.delete(tau, k))[:, None]
         if others.shape[0] == 0:
             continue
-        limit = bound * np.median(others, axis=0)
+        limit = bound * norm_reference(others, colluders)
         over = n[k] > limit  # so n[k] > limit >= 0 where it divides
         scales[k, over] = limit[over] / n[k, over]
     return scales.reshape(norms.shape)
@@ -316,6 +374,25 @@ def step_floor(steps: np.ndarray, sizes: np.ndarray, ratio: float = 1.0) -> np.n
         ]
         if implied:
             out[k] = float(np.floor(np.median(implied)))
+    return out
+
+
+def step_ceiling(steps: np.ndarray, sizes: np.ndarray, ratio: float = 1.0) -> np.ndarray:
+    """Per site k, the most local steps its size N_k makes plausible next to the OTHER sites':
+    ceil(median_j(s_kj)) with s_kj = tau_j when N_k <= N_j, else tau_j N_k ``ratio`` / N_j (infinite
+    for a site alone): the mirror of :func:`step_floor`, which the norm bound reads with declared
+    sizes (a site of that size may move the model that much further)."""
+    tau = np.asarray(steps, dtype=np.float64).reshape(-1)
+    n = np.asarray(sizes, dtype=np.float64).reshape(-1)
+    out = np.full(tau.size, np.inf)
+    for k in range(tau.size):
+        implied = [
+            tau[j] if n[k] <= n[j] else tau[j] * n[k] * ratio / n[j]
+            for j in range(tau.size)
+            if j != k and n[j] > 0
+        ]
+        if implied:
+            out[k] = float(np.ceil(np.median(implied)))
     return out
 
 
