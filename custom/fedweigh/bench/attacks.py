@@ -337,6 +337,71 @@ class ForgedSteps(Attack):
         return replace(result, meta={**dict(result.meta or {}), META_NUM_STEPS: self.steps})
 
 
+class Malformed(Attack):
+    """A result every site's own checks should refuse (the round step leaves it out): ``nan`` / ``inf``
+    in the first floating-point array, that array as ``complex64`` (``wrong-dtype``) or one row short
+    (``wrong-shape``), every value theta_g + 1e30 (``huge``), or the site's result of the previous round
+    sent again (``replay``)."""
+
+    KINDS = ("nan", "inf", "wrong-dtype", "wrong-shape", "huge", "replay")
+
+    def __init__(self, kind: str):
+        if kind not in self.KINDS:
+            raise ValueError(f"kind must be one of {', '.join(self.KINDS)}, got {kind!r}")
+        self.name = kind
+        self._last: dict[str, ClientResult] = {}
+
+    def tamper(self, result: ClientResult, view: RoundView, rng: np.random.Generator) -> ClientResult:
+        params = dict(result.params or {})
+        first = float_keys(view.global_params)[0]
+        if self.name == "replay":
+            earlier = self._last.get(result.site)
+            self._last.setdefault(result.site, result)
+            return earlier if earlier is not None else result
+        if self.name in ("nan", "inf"):
+            bad = np.array(params[first], dtype=np.float32, copy=True)
+            bad.reshape(-1)[0] = np.nan if self.name == "nan" else np.inf
+            params[first] = bad
+        elif self.name == "wrong-dtype":
+            params[first] = np.asarray(params[first]).astype(np.complex64)
+        elif self.name == "wrong-shape":
+            params[first] = np.asarray(params[first])[:-1]
+        else:  # huge
+            keys = float_keys(view.global_params)
+            return with_update(
+                result,
+                view.global_params,
+                np.full(sum(np.size(view.global_params[k]) for k in keys), 1e30),
+                keys,
+            )
+        return replace(result, params=params)
+
+
+class HEShift(Attack):
+    """Under HE: ``shift`` added to every value of the attacker's update before it encrypts it (the
+    sites' guard is the only check that sees the sum)."""
+
+    def __init__(self, shift: float):
+        self.shift = float(shift)
+        self.name = f"he-add-{shift:g}"
+
+    def tamper(self, result: ClientResult, view: RoundView, rng: np.random.Generator) -> ClientResult:
+        keys = float_keys(view.global_params)
+        delta = flat_update(result.params or {}, view.global_params, keys)
+        return with_update(result, view.global_params, delta + self.shift, keys)
+
+
+class HECheckSlot(Attack):
+    """Under HE: the attacker's check slot forged (5 instead of 1; the encrypted transport reads
+    ``check_slot``); its update as trained."""
+
+    name = "he-check-slot"
+    check_slot = 5.0
+
+    def tamper(self, result: ClientResult, view: RoundView, rng: np.random.Generator) -> ClientResult:
+        return result
+
+
 class Combined(Attack):
     """Several attacks in turn (``a+b``): trained on flipped labels when any of them is."""
 
@@ -344,6 +409,7 @@ class Combined(Attack):
         self.parts = list(parts)
         self.name = "+".join(p.name for p in self.parts)
         self.flips_labels = any(p.flips_labels for p in self.parts)
+        self.check_slot = max(float(getattr(p, "check_slot", 1.0)) for p in self.parts)
 
     def tamper(self, result: ClientResult, view: RoundView, rng: np.random.Generator) -> ClientResult:
         for part in self.parts:
@@ -364,7 +430,16 @@ ATTACKS: dict[str, Callable[[], Attack]] = {
     "classifier-flip": ClassifierFlip,
     "forged-count": ForgedCount,
     "forged-steps": ForgedSteps,
+    **{kind: (lambda kind=kind: Malformed(kind)) for kind in Malformed.KINDS},
+    "he-add-0.1": lambda: HEShift(0.1),
+    "he-add-1": lambda: HEShift(1.0),
+    "he-check-slot": HECheckSlot,
 }
+
+#: The attacks that need HE (refused in plaintext runs).
+HE_ONLY = ("he-add-0.1", "he-add-1", "he-check-slot")
+#: Results the sites' and the server's own checks refuse: run on K = 4 (:data:`MALFORMED_SUITE`).
+MALFORMED_SUITE: tuple[tuple[str, str], ...] = tuple((kind, "fedavg") for kind in Malformed.KINDS)
 
 #: The suite's attacks: (attack, the weighting scheme it runs against).
 SUITE: tuple[tuple[str, str], ...] = (
@@ -482,6 +557,9 @@ class EncryptedTamperingSites(EncryptedInProcessSites):
     def alter(self, task, results, receipts):
         g = to_numpy_dict(receipts[results[0].site].receipt.received)
         return tamper_results(self, task.round_index, g, results), set(self.attackers)
+
+    def check_slot(self, site: str) -> float:
+        return float(getattr(self.attack, "check_slot", 1.0)) if site in self.attackers else 1.0
 
 
 # ------------------------------------------------------------------------------------------- runs
@@ -665,6 +743,10 @@ def run_attack(
     t0 = time.perf_counter()
     config = attack_config(sites, scheme, safeguards, rounds, seed, settings, site_workers)
     chosen = None if attack is None else make_attack(attack)
+    if chosen is not None and not he and any(n in HE_ONLY for n in chosen.name.split("+")):
+        raise ValueError(f"{chosen.name}: an attack on encrypted updates; run it with he=True")
+    if chosen is not None and he and any(n in Malformed.KINDS for n in chosen.name.split("+")):
+        raise ValueError(f"{chosen.name}: a malformed plaintext result; run it without HE")
     fed = federation_for(config, config.scenarios[0], seed)
     # the candidate says whether the federation declared its sizes (CANDIDATES)
     config = replace(config, safeguards=CANDIDATES[safeguards](fed), declare_sizes=False)

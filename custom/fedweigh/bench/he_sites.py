@@ -98,6 +98,10 @@ class EncryptedInProcessSites(InProcessSites):
             self.refusals.setdefault(-1 if t is None else int(t), []).append(site)
         return SiteReceipt(decrypted, receipt, he_meta)
 
+    def check_slot(self, site: str) -> float:
+        """The check slot ``site`` encrypts when it sends as it is (1; an attack may forge it)."""
+        return 1.0
+
     def alter(self, task: TrainTask, results: Sequence[ClientResult], receipts: Mapping[str, SiteReceipt]):
         """The sites' plaintext results before encryption (each ``params`` the trained model); an
         attack overrides this. Returns (results, the sites that encrypt as they are, without their
@@ -125,7 +129,13 @@ class EncryptedInProcessSites(InProcessSites):
             if result.site in unclipped:
                 from fedweigh.secure.updates import encode_update
 
-                encoded = encode_update(self.keys.secret, result.params, receipt.received, layout)
+                encoded = encode_update(
+                    self.keys.secret,
+                    result.params,
+                    receipt.received,
+                    layout,
+                    check=self.check_slot(result.site),
+                )
             else:
                 steps = int(dict(result.meta or {}).get("NUM_STEPS_CURRENT_ROUND", 0))
                 encoded = self.guards[result.site].encode(
