@@ -122,7 +122,7 @@ def test_per_array_check_flags_only_a_flipped_classifier():
     sites = []
     for _ in range(4):
         sites.append({k: 0.5 + 0.1 * rng.normal(size=v.shape) for k, v in g.items()})
-    sites[3]["head"] = -sites[3]["head"]  # flip the classifier only
+    sites[3]["head"] = -2 * sites[3]["head"]  # flip the classifier only, twice as long
     flagged = array_direction_outliers(array_grams(g, sites), 0.0)
     assert flagged == {3: ["head"]}
 

@@ -266,7 +266,7 @@ def test_the_direction_check_needs_a_majority_of_the_others():
     assert not outcome.excluded
     gram = np.array([[1.0, 0.5, -0.5], [0.5, 1.0, -0.5], [-0.5, -0.5, 1.0]])
     assert objecting_sites(gram, 0.0).tolist() == [1, 1, 2]
-    assert direction_outliers(gram, 0.0) == [2]
+    assert direction_outliers(gram, 0.0, min_pull=0.5) == [2]  # (a) and (b); the pull apart
 
 
 def test_updates_scattering_in_all_directions_are_all_kept():
@@ -299,8 +299,8 @@ def test_an_update_opposing_agreeing_others_is_left_out_even_among_scattered_one
             [-0.4, -0.3, -0.2, 1.0],
         ]
     )
-    assert direction_outliers(gram, 0.0) == [3]
-    assert direction_outliers(gram, -0.35) == []  # only -0.4 is below -0.35: one of three, no majority
+    assert direction_outliers(gram, 0.0, min_pull=0.5) == [3]  # (a) and (b); the pull apart
+    assert direction_outliers(gram, -0.35, min_pull=0.5) == []  # only -0.4 is below -0.35: one of three, no majority
 
 
 def test_an_update_too_large_to_measure_is_excluded():

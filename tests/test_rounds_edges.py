@@ -370,7 +370,7 @@ def test_an_update_pointing_away_from_the_others_is_left_out_with_a_logged_reaso
     g = global_model()
     step, logged = logged_step(g, min_update_cosine=0.0)
     sent = {s: update(s, g) for s in SITES}
-    sent["site-1"] = {k: (2 * g[k] - v).astype(v.dtype) for k, v in sent["site-1"].items()}  # reversed
+    sent["site-1"] = {k: (3 * g[k] - 2 * v).astype(v.dtype) for k, v in sent["site-1"].items()}  # reversed x2
     outcome = step.run(1, [result(s, p) for s, p in sent.items()], list(SITES))
     assert list(outcome.excluded) == ["site-1"]
     why = outcome.excluded["site-1"]
@@ -486,7 +486,7 @@ def test_an_update_too_large_to_measure_counts_as_pointing_nowhere_when_the_othe
     rng = np.random.default_rng(0)
     g = {"w": np.zeros(20)}
     sent = {s: {"w": 0.01 + rng.normal(0, 0.002, 20)} for s in SITES[:3]}
-    sent["site-3"] = {"w": -sent["site-3"]["w"]}  # reversed
+    sent["site-3"] = {"w": -2 * sent["site-3"]["w"]}  # reversed, twice as long
     sent["site-4"] = {"w": np.full(20, 1e200)}  # <Delta, Delta> overflows float64
     step = RoundStep(
         get_scheme("uniform"),

@@ -11,6 +11,7 @@ import pytest
 
 from fedweigh.errors import InvalidClientResult
 from fedweigh.server.safeguards import (
+    DIRECTION_MIN_PULL,
     AnnouncedCounts,
     Safeguards,
     cap_weights,
@@ -159,10 +160,11 @@ def test_a_cosine_at_the_threshold_is_not_below_it():
 
 
 def test_a_pull_at_the_minimum_is_enough():
-    gram = gram_of((1.0, 0.0), (1.0, 0.0), (-0.5, 0.0))
-    assert pulls_against_others(gram)[2] == 0.5
+    gram = gram_of((1.0, 0.0), (1.0, 0.0), (-1.0, 0.0))
+    assert pulls_against_others(gram)[2] == DIRECTION_MIN_PULL == 1.0
     assert direction_outliers(gram, 0.0) == [2]
-    assert direction_outliers(gram, 0.0, min_pull=0.51) == []
+    assert direction_outliers(gram, 0.0, min_pull=1.01) == []
+    assert direction_outliers(gram_of((1.0, 0.0), (1.0, 0.0), (-0.99, 0.0)), 0.0) == []
 
 
 def test_a_given_min_pull_replaces_the_default():

@@ -73,8 +73,11 @@ DEFAULT_UPDATE_NORM_BOUND = 1.0
 #: plaintext; :func:`direction_outliers`).
 DEFAULT_MIN_UPDATE_COSINE = 0.0
 #: The direction check leaves an update out only when it pulls against the other sites' mean update
-#: by at least this fraction of that mean's length (:func:`direction_outliers`, condition (c)).
-DIRECTION_MIN_PULL = 0.5
+#: by at least this fraction of that mean's length (:func:`direction_outliers`, condition (c)): at 1,
+#: an update that would undo the whole of the others' mean step. (It was 0.5 while the norm bound let
+#: an update be 3 times the others' median; under label skew honest sites pull 0.5 to 0.75 late in
+#: training, docs/security.md.)
+DIRECTION_MIN_PULL = 1.0
 
 #: The options of :class:`Safeguards` that a job sets (``limits`` is the server's own).
 _OPTIONS = (
@@ -310,7 +313,7 @@ def direction_outliers(gram: np.ndarray, threshold: float, min_pull: float | Non
             continue
         if below[np.ix_(others, others)].any():
             continue
-        if pulls[k] >= min_pull:
+        if pulls[k] >= min_pull * (1.0 - 1e-9):  # an exact reversal of the mean is 1, up to rounding
             out.append(k)
     return out
 
