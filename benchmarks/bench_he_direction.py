@@ -6,7 +6,7 @@ that sends its own update negated (and boosted).
     .venv/bin/python benchmarks/bench_he_direction.py --markdown docs/results/he-direction/he_direction.json
 
 Everything runs in this process (and its workers) with the code the NVFlare client and controller run
-under HE, as benchmarks/attacks_he.py: ``SiteTrainer``, ``HEModelGuard`` (receive, clip, encode),
+under HE, as the attack suite's HE transport (fedweigh.bench.he_sites): ``SiteTrainer``, ``HEModelGuard`` (receive, clip, encode),
 ``decrypt_global`` / ``encode_update``, the server's ``RoundStep`` with ``EncryptedGlobalModel``.
 Settings: SynthCXR at 32 px, the compact DenseNet, 10 local Adam steps per round, 4 sites, ``ROUNDS``
 training rounds plus the final model's delivery (judged too).

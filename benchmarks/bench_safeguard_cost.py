@@ -9,8 +9,9 @@ the benchmark's engine (:func:`fedweigh.bench.runner.run_bench`) into ``OUT/<set
 are reused on a rerun. The settings are the bench's presets (:data:`fedweigh.bench.config.SAFEGUARDS`):
 ``off`` (the schemes as their papers define them; the reference), ``deploy`` (a job's defaults) and
 ``robust`` (the defaults with the weighted median and the per-array direction check). Per setting
-it prints the mean test AUC effect against ``off`` over all cells with its 95% paired bootstrap
-interval (:func:`fedweigh.bench.costs.honest_cost`), per method, and the honest site-rounds left
+it prints the mean test AUC effect against ``off`` over all cells with its 95% t-interval over the
+cells (seeds x scenarios: training noise included) and its paired bootstrap interval over the test
+images (:func:`fedweigh.bench.costs.honest_cost`), per method, and the honest site-rounds left
 out or bounded and the rounds that left the model unchanged. Last line:
 ``safeguard cost: <setting> <effect> [<low>, <high>] left out <n> rounds lost <r>; ...``.
 """
@@ -36,68 +37,29 @@ def _list(text: str) -> list[str]:
 def markdown(record: dict) -> str:
     """The table of docs/security.md: one row per setting."""
     lines = [
-        "| setting | mean AUC effect vs off (95% interval) | per method | honest site-rounds left out "
-        "| site-rounds bounded | rounds lost |",
-        "|---|---|---|---|---|---|",
+        "| setting | mean AUC effect vs off, 95% t-interval over cells (seeds x scenarios) | 95% interval over "
+        "test images | per method | honest site-rounds left out | site-rounds bounded | rounds lost |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, entry in record["settings"].items():
-        e = entry.get("effect")
-        effect = (
-            "reference"
-            if name == REFERENCE_SETTING
-            else (f"{e['mean']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" if e else "n/a")
-        )
+        e, c = entry.get("effect"), entry.get("effect_cells")
+        if name == REFERENCE_SETTING:
+            cells, images = "reference", "-"
+        else:
+            cells = (
+                f"{c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] ({c['cells']} cells)"
+                if c
+                else "n/a"
+            )
+            images = f"[{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" if e else "n/a"
         per = (
             "; ".join(f"{m} {v['mean']:+.4f}" for m, v in (entry.get("by_method") or {}).items() if v) or "-"
         )
         a = entry["audit"]
         lines.append(
-            f"| {name} | {effect} | {per} | {a['site_rounds_left_out']} | {a['site_rounds_bounded']} "
+            f"| {name} | {cells} | {images} | {per} | {a['site_rounds_left_out']} | {a['site_rounds_bounded']} "
             f"| {a['rounds_unchanged']} |"
         )
-    return "\n".join(lines)
-
-
-def tradeoff_table(record: dict, attacks: dict[str, dict]) -> str:
-    """docs/security.md's trade-off table: per setting, the honest cost (this file's ``record``) next
-    to what the attack benchmark measured with the same setting (``attacks``: setting -> the JSON of
-    ``benchmarks/bench_attacks.py --safeguards <setting>``; a setting without one reads "not run")."""
-
-    def show(v: float | None) -> str:
-        return "-" if v is None else f"{v:.4f}"
-
-    lines = [
-        "| setting | honest cost (AUC vs off, 95% interval) | honest site-rounds left out | site-rounds bounded "
-        "| rounds lost | attacks crashed or stalled | worst drop, one site | worst drop, two colluders |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, entry in record["settings"].items():
-        e, a = entry.get("effect"), entry["audit"]
-        cost = (
-            "reference"
-            if name == REFERENCE_SETTING
-            else (f"{e['mean']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" if e else "n/a")
-        )
-        run = attacks.get(name)
-        if run is None:
-            attacked = "not run | - | -"
-        else:
-            s = run["summary"]
-            attacked = (
-                f"{s['crashed_or_stalled']} of {s['tried']} | {show(s['worst_auc_drop_one_site'])} "
-                f"| {show(s['worst_auc_drop_two_colluders'])}"
-            )
-        lines.append(
-            f"| {name} | {cost} | {a['site_rounds_left_out']} | {a['site_rounds_bounded']} "
-            f"| {a['rounds_unchanged']} | {attacked} |"
-        )
-    for name, run in attacks.items():  # settings attacked but not run for the honest cost
-        if name not in record["settings"]:
-            s = run["summary"]
-            lines.append(
-                f"| {name} | not run | - | - | - | {s['crashed_or_stalled']} of {s['tried']} "
-                f"| {show(s['worst_auc_drop_one_site'])} | {show(s['worst_auc_drop_two_colluders'])} |"
-            )
     return "\n".join(lines)
 
 
@@ -106,8 +68,8 @@ def summary_line(record: dict) -> str:
     for name, entry in record["settings"].items():
         if name == REFERENCE_SETTING:
             continue
-        e, a = entry.get("effect"), entry["audit"]
-        shown = f"{e['mean']:+.4f} [{e['ci_low']:+.4f}, {e['ci_high']:+.4f}]" if e else "n/a"
+        c, a = entry.get("effect_cells"), entry["audit"]
+        shown = f"{c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]" if c else "n/a"
         parts.append(
             f"{name} {shown} left out {a['site_rounds_left_out']} rounds lost {a['rounds_unchanged']}"
         )
@@ -132,24 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", default=None, help="file for the results (e.g. docs/results/security/...)")
     p.add_argument("--markdown", default=None, help="print the table of a results JSON and exit")
-    p.add_argument(
-        "--attacks",
-        nargs="+",
-        default=None,
-        metavar="SETTING=JSON",
-        help="with --markdown: also print the trade-off table, with these bench_attacks results per setting",
-    )
     ns = p.parse_args(argv)
     if ns.markdown:
         record = json.loads(Path(ns.markdown).read_text())
         print(markdown(record))
-        if ns.attacks:
-            pairs = [a.split("=", 1) for a in ns.attacks]
-            bad = [a for a, pair in zip(ns.attacks, pairs, strict=True) if len(pair) != 2]
-            if bad:
-                p.error(f"--attacks takes SETTING=JSON, got {bad[0]!r}")
-            print()
-            print(tradeoff_table(record, {k: json.loads(Path(v).read_text()) for k, v in pairs}))
         return 0
     if ns.out is None:
         p.error("--out is required to run")
@@ -188,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": list(config.scenarios),
         "seeds": list(config.seeds),
         "safeguards": {
-            name: {k: v for k, v in vars(SAFEGUARDS[name]).items() if k != "limits"} for name in ns.settings
+            name: {
+                **{k: v for k, v in vars(SAFEGUARDS[name]).items() if k != "limits"},
+                "limits": vars(SAFEGUARDS[name].limits),
+            }
+            for name in ns.settings
         },
         "seconds": round(time.perf_counter() - start, 1),
         "settings": settings,

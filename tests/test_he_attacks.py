@@ -1,14 +1,14 @@
-"""The encrypted paths against one bad site: every attack of benchmarks/attacks_he.py, applied by its own
-tamper function to a small model (HE updates) or stand-in sites (secure statistics), and the defence that
+"""The encrypted paths against one bad site: the attacks on HE updates (a value added to every encrypted
+value, a forged check slot; the attack suite runs them through the round loop, fedweigh.bench.attacks)
+and on the secure statistics (forged inside the ciphertext), applied to a small model or stand-in
+sites, and the defence that
 stops it: the sites' checks on what they decrypt (fedweigh.site.he_guard), the named forged check and
 count slots, the decoded sum against the announced sizes, the server's log of every site's answer and
 FedDisco's fallback to the uniform target."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,10 +33,47 @@ from fedweigh.weighting import feddisco, get_scheme
 from fedweigh.weighting.base import ScalarContext
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("attacks_he", ROOT / "benchmarks" / "attacks_he.py")
-attacks_he = importlib.util.module_from_spec(_spec)
-sys.modules["attacks_he"] = attacks_he  # its dataclasses look their module up
-_spec.loader.exec_module(attacks_he)
+
+
+def tamper_update(kind: str, outgoing: dict, keys_encrypted) -> tuple[dict, float]:
+    """The attacker's parameters before encryption and its check slot: +0.1 / +1.0 on every encrypted
+    value, or a check slot of 5."""
+    if kind.startswith("he-add-"):
+        shift = float(kind.rsplit("-", 1)[1])
+        out = dict(outgoing)
+        for k in keys_encrypted:
+            out[k] = (np.asarray(outgoing[k], np.float64) + shift).astype(np.asarray(outgoing[k]).dtype)
+        return out, 1.0
+    if kind == "he-check-slot":
+        return dict(outgoing), 5.0
+    raise ValueError(f"not an HE update attack: {kind!r}")
+
+
+def tamper_statistics(kind: str, payload: dict, secret_ctx, length: int) -> dict:
+    """The attacker's statistics contribution (its collect answer's meta), forged inside the ciphertext:
+    the slot layout is [lo_1..lo_L, hi_1..hi_L, count] (fedweigh.secure.vectors), entry j = hi_j 2^20 +
+    lo_j; the entries are [n_1..n_C, N_k, N_k c_k]."""
+    import base64
+
+    import tenseal as ts
+
+    from fedweigh.secure.exchange import META_CIPHERTEXT
+
+    slots = list(ts.ckks_vector_from(secret_ctx, base64.b64decode(payload[META_CIPHERTEXT])).decrypt())
+    if kind == "stats-negative":
+        slots[0] = -5000.0  # n_1 -5000 (lo limb): the sum's first count goes negative
+    elif kind == "stats-count-slot":
+        slots[-1] = 2.0
+    elif kind == "stats-inflate":
+        n_index = length - 2
+        slots[n_index] = (
+            slots[n_index] + 1_000_000.0 - round(slots[n_index] + 2**20 * slots[length + n_index])
+        )
+    else:
+        raise ValueError(f"not a statistics attack: {kind!r}")
+    forged = ts.ckks_vector(secret_ctx, slots).serialize()
+    return {**payload, META_CIPHERTEXT: base64.b64encode(forged).decode()}
+
 
 SITES = ("site-1", "site-2", "site-3", "site-4")
 ATTACKER = "site-4"
@@ -96,7 +133,7 @@ class Federation:
             self.held[site] = receipt.use
             trained = honest_training(receipt.use, site, t)
             if site == ATTACKER and self.kind and t in self.attack_rounds:
-                outgoing, check = attacks_he.tamper_update(self.kind, trained, decrypted.layout.keys)
+                outgoing, check = tamper_update(self.kind, trained, decrypted.layout.keys)
                 params = encode_update(
                     self.keys.secret, outgoing, receipt.received, decrypted.layout, check=check
                 )
@@ -260,9 +297,7 @@ class Controller:
             answer = answer_statistics_task(self.sites[site], FLModel(params={}, meta=dict(data.meta)))
             meta = dict(answer.meta or {})
             if site == ATTACKER and data.meta[META_STEP] == "collect" and self.kind:
-                meta = attacks_he.tamper_statistics(
-                    self.kind, meta, self.secret, int(meta["fedweigh_stats_length"])
-                )
+                meta = tamper_statistics(self.kind, meta, self.secret, int(meta["fedweigh_stats_length"]))
             answer.meta = {**meta, "client_name": site}
             out.append(answer)
         return out
@@ -320,9 +355,7 @@ def test_without_the_announced_size_inflated_counts_would_be_used(stats_keys):
     for site, trainer in sites.items():
         meta = dict(answer_statistics_task(trainer, collect).meta)
         if site == ATTACKER:
-            meta = attacks_he.tamper_statistics(
-                "stats-inflate", meta, stats_keys, int(meta["fedweigh_stats_length"])
-            )
+            meta = tamper_statistics("stats-inflate", meta, stats_keys, int(meta["fedweigh_stats_length"]))
         payloads[site] = meta
     from fedweigh.flare.keys import role_context_provider
 
@@ -375,15 +408,6 @@ def test_logging_is_quiet_for_the_fallback_after_the_first(caplog, monkeypatch):
         for _ in range(3):
             scheme.client_scalars(ScalarContext(class_counts=np.array([1, 2]), num_samples=3))
     assert caplog.text.count("uniform target instead") == 1
-
-
-def test_the_documented_table_is_the_committed_data():
-    """docs/security.md shows the table of docs/security/attacks_he.json, as the benchmark prints it."""
-    import json
-
-    record = json.loads((ROOT / "docs" / "security" / "attacks_he.json").read_text())
-    assert attacks_he.markdown_table(record) in (ROOT / "docs" / "security.md").read_text()
-    assert record["summary"]["tried"] == len(attacks_he.HE_ATTACKS) == len(record["attacks"])
 
 
 def test_a_site_that_trained_fewer_steps_expects_a_larger_aggregate():

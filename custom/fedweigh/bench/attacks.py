@@ -24,7 +24,8 @@ Delta = theta_k - theta_g^{t-1} of every floating-point array the site sends:
   largest distance (sum of squared distances) to the honest updates stays within the honest updates'
   own (Shejwalkar & Houmansadr, NDSS 2021, Algorithm 1, perturbation "inverse std");
 - ``classifier-flip``: the classifier's arrays of the attacker's own update negated at 2.9 x its norm
-  (just inside the default norm bound of 3 x the median), the other arrays honest;
+  (just inside a norm bound of 3 x the median, the default before bounded influence), the other
+  arrays honest;
 - ``forged-count``: the reported sample count x 1000; ``forged-steps``: the reported local step count 1
   (what FedNova's weights read).
 
@@ -36,7 +37,7 @@ Delta = theta_k - theta_g^{t-1} of every floating-point array the site sends:
 runs :data:`SUITE` for every K, number of attackers and seed and prints, last,
 ``attacks: N tried, C crashed or stalled, worst AUC drop D (one of 4), D8 (one of 8), E (two of 8),
 H (HE)`` (worst over the attacks of the mean drop over seeds; HE attacks are not run by this suite
-yet). Settings (:func:`attack_config`): ``attack`` is benchmarks/bench_attacks.py's (SynthCXR, iid, 32
+yet). Settings (:func:`attack_config`): ``attack`` is the suite's (SynthCXR, iid, 32
 px, 300 images per site, compact DenseNet, 10 local Adam steps of batch 16), ``smoke`` the smoke
 profile's (28 px, 60 images per site, 2 local steps).
 """
@@ -77,6 +78,7 @@ __all__ = [
     "ATTACKS",
     "CANDIDATES",
     "HE_SUITE",
+    "front_table",
     "SETTINGS",
     "SUITE",
     "Attack",
@@ -1008,6 +1010,36 @@ def markdown_table(body: Mapping[str, Any]) -> str:
             )
         lines.append(f"| {attack} | {scheme} | {' | '.join(shown)} | {weight:.3f} | {left}{refused} |")
     lines += ["", summary_line(body["summary"])]
+    return "\n".join(lines)
+
+
+def front_table(bodies: Mapping[str, Mapping[str, Any]], costs: Mapping[str, Any] | None = None) -> str:
+    """docs/security.md's front: per candidate (``bodies``: name -> a suite's JSON), the worst mean AUC
+    drop of one attacker of 4 and of two of 8 over the attacks it ran, the attack that gave each, the
+    largest weight the attackers held, and its honest cost where ``costs`` (a honest-cost JSON of
+    benchmarks/bench_safeguard_cost.py) holds the setting."""
+
+    def worst(body: Mapping[str, Any], k: int, n: int) -> str:
+        drops: dict[str, list[float]] = {}
+        for r in body["runs"]:
+            if r["sites"] == k and len(r["attackers"]) == n and not r["crashed"] and r["drop"] == r["drop"]:
+                drops.setdefault(f"{r['attack']} ({r['scheme']})", []).append(r["drop"])
+        if not drops:
+            return "- | -"
+        name, d = max(drops.items(), key=lambda kv: float(np.mean(kv[1])))
+        return f"{float(np.mean(d)):+.4f} | {name}"
+
+    lines = [
+        "| candidate | worst drop, one of 4 | by | worst drop, two of 8 | by | largest attackers' weight "
+        "| honest cost (t-interval over cells) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, body in bodies.items():
+        weight = max((r["attacker_max_weight"] for r in body["runs"]), default=float("nan"))
+        entry = ((costs or {}).get("settings") or {}).get(name) or {}
+        c = entry.get("effect_cells")
+        cost = f"{c['mean']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]" if c else "not run"
+        lines.append(f"| {name} | {worst(body, 4, 1)} | {worst(body, 8, 2)} | {weight:.3f} | {cost} |")
     return "\n".join(lines)
 
 

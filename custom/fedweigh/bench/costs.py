@@ -35,6 +35,20 @@ def _scored(cells_dir: Path, key: str, seed: int, n_resamples: int) -> tuple[flo
     return bootstrap_aucs(scores, labels, seed, n_resamples)
 
 
+def cell_interval(diffs: Sequence[float], confidence: float = CONFIDENCE) -> dict | None:
+    """The mean of the per-cell paired differences with its t-interval over the cells: the cells are
+    the scenarios x seeds, so the interval holds the training noise between seeds (None under two
+    finite differences)."""
+    from scipy import stats
+
+    d = np.asarray([x for x in diffs if np.isfinite(x)], dtype=np.float64)
+    if d.size < 2:
+        return None
+    half = float(stats.t.ppf(0.5 + confidence / 2.0, d.size - 1) * d.std(ddof=1) / np.sqrt(d.size))
+    mean = float(d.mean())
+    return {"mean": mean, "ci_low": mean - half, "ci_high": mean + half, "cells": int(d.size)}
+
+
 def honest_cost(
     cells_dirs: Mapping[str, Path],
     cells: Sequence[tuple[str, str, int]],
@@ -79,6 +93,9 @@ def honest_cost(
             pairs = [(scored[name][c], scored[REFERENCE_SETTING][c]) for c in cells]
             effect = paired_effect([p[0] for p in pairs], [p[1] for p in pairs], confidence)
             entry["effect"] = effect.as_dict() if effect else None
+            entry["effect_cells"] = cell_interval(
+                [scored[name][c][0] - scored[REFERENCE_SETTING][c][0] for c in cells], confidence
+            )
             entry["by_method"] = {}
             for method in dict.fromkeys(c[1] for c in cells):
                 mine = [c for c in cells if c[1] == method]

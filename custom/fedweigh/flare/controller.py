@@ -163,9 +163,9 @@ class FedweighController(ModelController):
             :func:`fedweigh.server.safeguards.cap_weights`); bounds a site that inflates its sample count or
             forges its statistics. ``"auto"`` (default): half the weight once three or more sites
             count. None: no cap.
-        update_norm_bound: scale every array of an update down to this many times the median norm of
-            the same array in the other sites' updates of the round (plaintext updates; default 3);
-            None: off.
+        update_norm_bound: scale every array of an update down to this many times the reference norm
+            of the same array in the other sites' updates of the round (their (f + 1)-th largest,
+            ``norm_colluders``; plaintext updates; default 1: no longer than an honest site's); None: off.
         min_update_cosine: leave out an update whose cosine with more than half of the other sites'
             updates is below this while those agree with each other (plaintext updates, three or more
             sites; default 0: an update opposing a consensus of the others,

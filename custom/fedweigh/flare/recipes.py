@@ -467,8 +467,9 @@ class FedweighRecipe(Recipe):
         resume_from: folder with the state of an earlier run to continue.
         max_share: cap on any one site's share of a round's weight: "auto" (default: half the weight
             once three or more sites count), a number in (0, 1], or None (no cap).
-        update_norm_bound: scale every array of an update down to this many times the median norm
-            of that array in the other sites' updates (default 3; None: off). docs/security.md.
+        update_norm_bound: scale every array of an update down to this many times the reference norm
+            of the same array in the other sites' updates (their (f + 1)-th largest, f = floor((K - 1) /
+            4); default 1: no longer than an honest site's; plaintext updates; None: off).
         min_update_cosine: leave out an update pointing away from a consensus of the others' (cosine
             below this with more than half of them, which agree with each other; default 0; None: off).
         min_secure_sum: the fewest contributions to any secure sum (default 3, at most the number of

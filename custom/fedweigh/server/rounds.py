@@ -11,11 +11,12 @@ path (its backend is :class:`fedweigh.server.encrypted.EncryptedGlobalModel`). P
    the site announced in the statistics phase, and that it is not a replay of one of the site's
    earlier results); an invalid one is left out with its reason. Its metrics count under their own
    names only (a name of the server's record is refused with a logged reason);
-2. clip the counts that drive weights to the round's plausible range (N_k at most 100 x the median
-   of the other sites', tau_k within 100 x of it either way);
-3. bound each update's influence: an update whose norm exceeds ``update_norm_bound`` times the
-   median norm of the other sites' updates is scaled down to that bound, and one that points away
-   from a consensus of the others, far enough to undo half of their mean step, is left out
+2. bound the counts that drive weights: N_k to its declared size and to 100 x the median of the
+   other sites', tau_k within 100 x of theirs either way and between what its size makes plausible;
+3. bound each update's influence: every array of an update longer than ``update_norm_bound`` times
+   the reference norm of the other sites' (their (f + 1)-th largest, ``norm_colluders``) is scaled
+   down to that bound, and an update that points away from a consensus of the others, far enough to
+   undo the whole of their mean step, is left out
    (plaintext only: under HE the server cannot see updates; :mod:`fedweigh.server.safeguards`);
 4. w = scheme.weights(reports, theta_g^{t-1}, t, T) as a distribution (w / sum w), capped at
    ``max_share`` per site (:func:`~fedweigh.server.safeguards.cap_weights`; by default half the

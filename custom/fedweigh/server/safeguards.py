@@ -4,15 +4,17 @@
 the functions apply them to one round's results (docs/security.md lists the checks and the attacks
 they were measured against):
 
-- :func:`norm_scales`: an update whose norm exceeds ``update_norm_bound`` times the median norm of
-  the other sites' updates is scaled down to that bound (per array; plaintext only);
+- :func:`norm_scales`: an array of an update longer than ``update_norm_bound`` times the reference
+  norm of the other sites' (:func:`norm_reference`) is scaled down to that bound (plaintext only);
 - :func:`direction_outliers`: an update pointing away (cosine below ``min_update_cosine``) from a
   consensus of the other sites' updates is left out (three or more updates; plaintext only);
 - :func:`cap_weights`: no site holds more than ``max_share`` of the round's weight
   (:func:`resolve_max_share`: half of it by default once three or more sites count);
 - :class:`AcceptedDigests`: a result identical to one the site sent in an earlier round is a replay;
 - :func:`plausible_counts`: a sample count far above, or a step count far from, the other sites'
-  of the round is clipped (``ResultLimits.max_count_ratio``);
+  of the round is clipped (``ResultLimits.max_count_ratio``); :func:`step_floor` /
+  :func:`step_ceiling`: a step count outside what the site's size makes plausible is clipped;
+- ``declared_sizes`` (:mod:`fedweigh.server.declared`): a sample count above its declaration is clipped;
 - :class:`AnnouncedCounts`: a sample count above what the site announced in the statistics phase is
   refused.
 """
