@@ -84,8 +84,18 @@ def test_the_registry_holds_every_attack_of_the_suite():
         "classifier-flip",
         "forged-count",
         "forged-steps",
+        "nan",
+        "inf",
+        "wrong-dtype",
+        "wrong-shape",
+        "huge",
+        "replay",
+        "he-add-0.1",
+        "he-add-1",
+        "he-check-slot",
     }
     assert all(make_attack(a).name == a for a, _ in A.SUITE if "+" not in a)
+    assert all(make_attack(a).name == a for a in ATTACKS)
     with pytest.raises(ValueError, match=r"unknown attack\(s\) \['nope'\].*known: alie"):
         make_attack("alie+nope")
 
@@ -208,8 +218,6 @@ def test_the_transport_alters_only_the_attackers_with_the_honest_results_in_view
         np.testing.assert_allclose(_flat(out[site].params, g), -honest.mean(0), atol=1e-6)
         assert transport.sent[1][site] is out[site]
     assert all(out[r.site] is r for r in view.honest)
-    with pytest.raises(NotImplementedError, match="encrypted"):
-        transport.tamper(replace(task, plan={"he": True}), results)
 
 
 def test_a_run_goes_through_run_rounds_and_the_round_step_sees_the_forged_result(monkeypatch):
@@ -342,3 +350,60 @@ def test_a_forged_count_buys_weight_only_without_its_defence(attack, scheme, def
         attack, scheme=scheme, rounds=2, settings="smoke", clean_auc=0.5, safeguards=undefended
     )
     assert open_.attacker_max_weight == pytest.approx(bought)
+
+
+def test_under_he_the_round_step_sees_ciphertext_and_the_sites_guards_judge_the_sum(monkeypatch):
+    """An HE run goes through run_rounds with the server's EncryptedGlobalModel: every result it
+    validates holds ciphertext for every floating-point array; a forged check slot makes every site
+    refuse the sum it decrypts (recorded per round)."""
+    from fedweigh.bench.he_sites import EncryptedInProcessSites
+    from fedweigh.secure.updates import UPDATE_PREFIX, unpack_chunks
+    from fedweigh.server.encrypted import EncryptedGlobalModel
+
+    validated: list = []
+    validate = RoundStep.validate
+
+    def spy(self, result, round_index=0):
+        validated.append((type(self.backend), result))
+        return validate(self, result, round_index)
+
+    monkeypatch.setattr(RoundStep, "validate", spy)
+    seen: list = []
+    record = run_attack(
+        "he-check-slot", sites=4, rounds=2, settings="smoke", clean_auc=0.5, he=True, on_transport=seen.append
+    )
+    (transport,) = seen
+    assert isinstance(transport, EncryptedInProcessSites) and record.he
+    assert not record.crashed_or_stalled, record.error
+    assert len(validated) == 8 and {backend for backend, _ in validated} == {EncryptedGlobalModel}
+    for _, result in validated:
+        chunks, clear = unpack_chunks(result.params, UPDATE_PREFIX)
+        assert chunks and not any(
+            np.asarray(v).dtype.kind == "f" and np.asarray(v).size > 1 for v in clear.values()
+        )
+    # round 2's model holds the forged slot: every site refuses it, and the final one as well
+    assert record.refused["2"] == ["site-1", "site-2", "site-3", "site-4"]
+    assert "-1" in record.refused
+
+
+@pytest.mark.parametrize(
+    "attack, he, says", [("he-add-1", False, "with he=True"), ("nan", True, "without HE")]
+)
+def test_an_attack_runs_only_on_the_path_it_is_made_for(attack, he, says):
+    with pytest.raises(ValueError, match=says):
+        run_attack(attack, sites=4, rounds=1, settings="smoke", clean_auc=0.5, he=he)
+
+
+@pytest.mark.parametrize("attack", ["nan", "inf", "wrong-dtype", "wrong-shape", "replay"])
+def test_a_malformed_result_is_left_out_every_round_it_is_sent(attack):
+    record = run_attack(attack, sites=4, rounds=2, settings="smoke", clean_auc=0.5)
+    assert not record.crashed_or_stalled, record.error
+    rounds = ["2"] if attack == "replay" else ["1", "2"]  # a replay needs an earlier result
+    assert sorted(record.left_out) == rounds and all(v == ["site-4"] for v in record.left_out.values())
+
+
+def test_a_huge_finite_update_is_held_to_an_honest_length_every_round():
+    record = run_attack("huge", sites=4, rounds=2, settings="smoke", clean_auc=0.5)
+    assert not record.crashed_or_stalled, record.error
+    assert all("site-4" in record.bounded[t] for t in ("1", "2"))
+    assert abs(record.drop - (0.5 - record.auc)) < 1e-12 and np.isfinite(record.auc)
