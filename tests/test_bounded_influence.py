@@ -109,6 +109,27 @@ def test_without_the_norm_bound_of_one_an_attacker_pulls_an_array_further(attack
     assert max(pulled(outcome, alone, g, honest).values()) > 0.5
 
 
+@pytest.mark.parametrize("attack", ["ipm", "signflip"])
+def test_an_update_that_undoes_the_others_is_left_out_and_kept_without_the_direction_check(attack):
+    outcome, alone, g, honest = attacked_round(attack)
+    assert "site-4" in outcome.excluded and "would undo" in outcome.excluded["site-4"]
+    kept, alone, g, honest = attacked_round(attack, min_update_cosine=None)
+    assert "site-4" in kept.weights and max(pulled(kept, alone, g, honest).values()) > 0.2
+
+
+# the attacks whose updates are inside an honest length by design: their bound is the declared weight
+@pytest.mark.parametrize("attack", ["alie", "min-max", "min-sum", "ipm", "gaussian", "model-replacement"])
+def test_with_a_forged_count_and_no_declaration_an_attacker_pulls_further(attack):
+    outcome, alone, g, honest = attacked_round(f"{attack}+forged-count", min_update_cosine=None)
+    held = max(pulled(outcome, alone, g, honest).values())
+    assert held <= 0.5 + 1e-5 and outcome.weights["site-4"] <= 0.25 + 1e-9  # declared: its share of four
+    loose, alone, g, honest = attacked_round(
+        f"{attack}+forged-count", min_update_cosine=None, declared_sizes=None
+    )
+    assert loose.weights["site-4"] == pytest.approx(0.5)  # the cap, and nothing below it
+    assert max(pulled(loose, alone, g, honest).values()) > 1.3 * held  # twice the weight
+
+
 @pytest.mark.parametrize(
     "attack, loosened",
     [
