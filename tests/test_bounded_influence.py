@@ -342,3 +342,32 @@ def test_a_forged_step_count_is_clipped_to_the_ceiling_in_the_round():
         in outcome.bounded["site-4"]
     )
     assert outcome.reports[3].num_steps == 10
+
+
+def test_a_recipes_declaration_reaches_the_exported_controller(tmp_path):
+    """The job's declaration travels in the server's configuration, where NVFlare builds the controller
+    from it (a path is read at the server, when the run starts)."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    from fedweigh.flare.recipes import FedDRAWRecipe
+
+    example = _Path(__file__).resolve().parents[1] / "examples" / "byo_feddraw"
+    _sys.path.insert(0, str(example))
+    try:
+        from model import TinyNet
+    finally:
+        _sys.path.remove(str(example))
+    declared = {"site-1": 1200, "site-2": 300}
+    recipe = FedDRAWRecipe(
+        name="declared",
+        min_clients=2,
+        train_script=str(example / "train.py"),
+        model=TinyNet(),
+        declared_sizes=declared,
+    )
+    recipe.export(str(tmp_path))
+    config = json.loads((tmp_path / "declared" / "app" / "config" / "config_fed_server.json").read_text())
+    controller = next(c for c in config["workflows"] if c["id"] == "controller")
+    assert controller["args"]["declared_sizes"] == declared
+    assert controller["args"].get("norm_colluders", "auto") == "auto"  # NVFlare exports non-defaults

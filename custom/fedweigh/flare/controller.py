@@ -183,6 +183,9 @@ class FedweighController(ModelController):
         clip_norm: clip every update to this absolute L2 norm, as Flower's fixed clipping (None: off).
         nnm_f: nearest-neighbour mixing before the aggregation: each update replaced by the mean of its
             K - f nearest (None: off).
+        norm_colluders: how many sites acting with the judged one the norm bound withstands: its
+            reference is the (f + 1)-th largest of the other sites' norms (``"auto"``: floor((K - 1) / 4));
+            ``"median"``: their median.
         declared_sizes: the consortium's declaration of each site's training-set size (a mapping
             site -> N_k, or the path of a JSON file holding one, read at the server): a reported N_k
             above it is clipped to it (:mod:`fedweigh.server.declared`). The server's operator may
@@ -225,6 +228,7 @@ class FedweighController(ModelController):
         clip_norm: float | None = None,
         nnm_f: int | None = None,
         declared_sizes: dict[str, int] | str | None = None,
+        norm_colluders: int | str = "auto",
     ):
         # resilient mode: a failed site's error result is logged and left out, never a panic; the
         # round then stands or falls on min_clients (the round step)
@@ -265,6 +269,7 @@ class FedweighController(ModelController):
             clip_norm=clip_norm,
             nnm_f=nnm_f,
             declared_sizes=declared_sizes if isinstance(declared_sizes, Mapping) else None,
+            norm_colluders=norm_colluders,
             source=_SOURCE,
         )
         if declared_sizes is not None and not isinstance(declared_sizes, (Mapping, str)):
@@ -285,6 +290,7 @@ class FedweighController(ModelController):
             )
         self.max_share = self._safeguards.max_share  # numbers as floats
         self.update_norm_bound = self._safeguards.update_norm_bound
+        self.norm_colluders = self._safeguards.norm_colluders
         self.min_update_cosine = self._safeguards.min_update_cosine
         self._scheme = self._job_scheme()
         #: sites whose answer to the task under way was an error (their error, or NVFlare's return code)

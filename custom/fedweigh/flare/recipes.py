@@ -439,6 +439,7 @@ class ServerOptions:
     clip_norm: float | None
     nnm_f: int | None = None
     declared_sizes: dict[str, int] | str | None = None
+    norm_colluders: int | str = "auto"
 
     def controller(self, persistor_id: str) -> FedweighController:
         """The job's controller with these options and the persistor ``persistor_id``."""
@@ -486,6 +487,8 @@ class FedweighRecipe(Recipe):
         declared_sizes: the consortium's declaration of each site's training-set size (site -> N_k,
             or the path of a JSON file at the server): reported counts above it are clipped to it
             (docs/security.md, "Bounded influence"; None: counts as reported).
+        norm_colluders: the sites acting together the norm bound withstands (``"auto"``: floor((K - 1) /
+            4); an integer; ``"median"``).
         stop_after: end the run after that round; continue it with ``resume_from``.
         bundle: ship the fedweigh package inside the job's ``custom/`` folder (bring-your-own-code
             deployment); by default the job expects fedweigh installed where it runs.
@@ -558,6 +561,7 @@ class FedweighRecipe(Recipe):
         clip_norm: float | None = None,
         nnm_f: int | None = None,
         declared_sizes: dict[str, int] | str | None = None,
+        norm_colluders: int | str = "auto",
         train_script: str | None = None,
         train_args: str = "",
         initial_ckpt: str | None = None,
@@ -629,6 +633,7 @@ class FedweighRecipe(Recipe):
             clip_norm=clip_norm,
             nnm_f=nnm_f,
             declared_sizes=declared_sizes,
+            norm_colluders=norm_colluders,
         )
         #: the TensorBoard receiver every fedweigh job has; one that add_experiment_tracking adds replaces it
         self._default_tb = TBAnalyticsReceiver()
