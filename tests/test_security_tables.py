@@ -146,3 +146,11 @@ def test_the_round_time_figures_in_the_docs_are_the_committed_runs():
         f"FedDRAW {server['feddraw']:.3f} s" in text
         and f"FedAvg's weights and aggregate {server['fedavg']:.3f} s" in text
     )
+
+
+def test_the_suites_last_line_covers_every_committed_run():
+    from fedweigh.bench.attacks import combined_line
+
+    line = combined_line([_body(p) for p in SUITES])
+    assert line in DOC.read_text()
+    assert line.startswith(f"attacks: {sum(len(_body(p)['runs']) for p in SUITES)} tried, ")

@@ -78,6 +78,7 @@ __all__ = [
     "ATTACKS",
     "CANDIDATES",
     "HE_SUITE",
+    "combined_line",
     "front_table",
     "SETTINGS",
     "SUITE",
@@ -1013,6 +1014,13 @@ def markdown_table(body: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def combined_line(bodies: Sequence[Mapping[str, Any]]) -> str:
+    """The suite's last line over every run of several suites' JSON files (e.g. plaintext and HE)."""
+    fields = set(AttackRecord.__dataclass_fields__)
+    records = [AttackRecord(**{k: v for k, v in r.items() if k in fields}) for b in bodies for r in b["runs"]]
+    return summary_line(summarise(records))
+
+
 def front_table(bodies: Mapping[str, Mapping[str, Any]], costs: Mapping[str, Any] | None = None) -> str:
     """docs/security.md's front: per candidate (``bodies``: name -> a suite's JSON), the worst mean AUC
     drop of one attacker of 4 and of two of 8 over the attacks it ran, the attack that gave each, the
@@ -1073,10 +1081,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--he", action="store_true", help="every run with HE model updates (default: plaintext)"
     )
-    parser.add_argument("--markdown", default=None, help="print the table of a suite's JSON file and exit")
+    parser.add_argument(
+        "--markdown",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="print the table of each suite's JSON file, then the line of all their runs together, and exit",
+    )
     ns = parser.parse_args(argv)
     if ns.markdown:
-        print(markdown_table(json.loads(Path(ns.markdown).read_text())))
+        bodies = [json.loads(Path(path).read_text()) for path in ns.markdown]
+        for body in bodies:
+            print(markdown_table(body), end="\n\n")
+        print(combined_line(bodies))
         return 0
     if ns.attacks:
         chosen = []

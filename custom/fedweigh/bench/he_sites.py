@@ -7,13 +7,15 @@ task, every target site decrypts the global model with the job's secret-key cont
 :class:`fedweigh.site.he_guard.HEModelGuard` (accepts it, or refuses it and keeps its last good one),
 trains on the model it uses, and sends Enc(update) against the model the server holds, its update
 clipped by the guard (:meth:`HEModelGuard.encode`) and its policy's secure-sum minimum in clear: the
-calls of :class:`fedweigh.flare.client.ClientLoop`. :meth:`EncryptedInProcessSites.alter` sees every
+calls of :class:`fedweigh.flare.client.ClientLoop`. A site whose task fails (an attacker's own model
+may be unusable) answers nothing, as an NVFlare site's failed task does. :meth:`EncryptedInProcessSites.alter` sees every
 site's plaintext result before encryption (the attack suite's hook); the final scores are those of the
 model the first site holds after it received the final global model.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,6 +25,8 @@ from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool, site_resu
 from fedweigh.protocol import ABSOLUTE_MIN, META_HE, META_HE_REFUSED, META_MIN_SECURE_SUM
 from fedweigh.server.loop import TrainTask, ValidateTask
 from fedweigh.server.rounds import ClientResult
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["EncryptedInProcessSites", "HEKeys", "SiteReceipt"]
 
@@ -117,10 +121,16 @@ class EncryptedInProcessSites(InProcessSites):
         plain = []
         for site in task.targets:
             use = receipts[site].receipt.use
-            outs = self.sites.run_round(
-                [site], use, task.round_index, dict(task.plan), task.num_rounds, task.evaluate
-            )
+            try:
+                outs = self.sites.run_round(
+                    [site], use, task.round_index, dict(task.plan), task.num_rounds, task.evaluate
+                )
+            except Exception as e:  # as an NVFlare site whose task fails: no result this round
+                logger.warning("round %d: %s failed its training task: %s", task.round_index, site, e)
+                continue
             plain.append(site_result(site, outs[site]))
+        if not plain:
+            return []
         plain, unclipped = self.alter(task, plain, receipts)
         sent = []
         for result in plain:
@@ -164,7 +174,10 @@ class EncryptedInProcessSites(InProcessSites):
                 self._measured = self.score(held)
             trainer = self.sites.trainers[site]
             set_params(trainer.model, held)
-            out.append(trainer.evaluate())
+            try:
+                out.append(trainer.evaluate())
+            except Exception as e:  # as an NVFlare site whose task fails: no answer
+                logger.warning("%s failed its validation task: %s", site, e)
         return out
 
     def global_metrics(self, params: Params) -> dict[str, float]:
