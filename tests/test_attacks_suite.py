@@ -407,3 +407,12 @@ def test_a_huge_finite_update_is_held_to_an_honest_length_every_round():
     assert not record.crashed_or_stalled, record.error
     assert all("site-4" in record.bounded[t] for t in ("1", "2"))
     assert abs(record.drop - (0.5 - record.auc)) < 1e-12 and np.isfinite(record.auc)
+
+
+def test_an_attacker_whose_own_model_breaks_answers_nothing_and_the_run_completes():
+    """+1 on every encrypted value: the honest sites refuse the sum; the attacker's own guard, which
+    never clipped an update of its own, accepts it and its model breaks: its tasks fail, as an NVFlare
+    site's would, and the run completes on the honest sites' last good models."""
+    record = run_attack("he-add-1", sites=4, rounds=2, settings="smoke", clean_auc=0.5, he=True)
+    assert not record.crashed_or_stalled, record.error
+    assert record.refused["2"] == ["site-1", "site-2", "site-3"] and np.isfinite(record.auc)
