@@ -300,7 +300,9 @@ def test_an_update_opposing_agreeing_others_is_left_out_even_among_scattered_one
         ]
     )
     assert direction_outliers(gram, 0.0, min_pull=0.5) == [3]  # (a) and (b); the pull apart
-    assert direction_outliers(gram, -0.35, min_pull=0.5) == []  # only -0.4 is below -0.35: one of three, no majority
+    assert (
+        direction_outliers(gram, -0.35, min_pull=0.5) == []
+    )  # only -0.4 is below -0.35: one of three, no majority
 
 
 def test_an_update_too_large_to_measure_is_excluded():
