@@ -371,3 +371,22 @@ def test_a_recipes_declaration_reaches_the_exported_controller(tmp_path):
     controller = next(c for c in config["workflows"] if c["id"] == "controller")
     assert controller["args"]["declared_sizes"] == declared
     assert controller["args"].get("norm_colluders", "auto") == "auto"  # NVFlare exports non-defaults
+
+
+def test_with_two_sites_no_length_is_called_the_honest_one():
+    """The norm bound needs three updates (as the weight cap): with two, each would be held to the
+    other's length, and the larger site of a two-hospital federation to the smaller one's."""
+    g = global_model()
+    a, b = honest_result("site-1", g), honest_result("site-2", g)
+    long = {
+        k: (g[k] + 5 * (v - g[k])).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in b.params.items()
+    }
+    step = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3)
+    outcome = step.run(1, [a, ClientResult("site-2", long, b.meta)], ["site-1", "site-2"])
+    assert outcome.updated and not outcome.bounded
+    three = RoundStep(get_scheme("fedavg"), PlaintextBackend(g), num_rounds=3).run(
+        1,
+        [a, ClientResult("site-2", long, b.meta), honest_result("site-3", g)],
+        ["site-1", "site-2", "site-3"],
+    )
+    assert "site-2" in three.bounded

@@ -502,6 +502,9 @@ class RoundStep:
         outcome.reports = [outcome.reports[i] for i in keep]
         contributions = [contributions[i] for i in keep]
         norms = norms[keep]
+        if len(contributions) < AUTO_CAP_MIN_SITES:
+            # with two updates nothing tells which length is the honest one (as for the weight cap)
+            return contributions
         # with declared sizes, steps are held to what each size makes plausible: the bound grows with them
         steps = (
             np.array([r.num_steps for r in outcome.reports], dtype=np.float64)

@@ -105,7 +105,8 @@ class Safeguards:
             (no cap).
         update_norm_bound: scale every array of an update down to this many times the reference norm
             of the same array in the other sites' updates of the round (default
-            :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off). Plaintext only.
+            :data:`DEFAULT_UPDATE_NORM_BOUND`; None: off), from three updates on (with two, nothing
+            tells which length is the honest one). Plaintext only.
         norm_colluders: the reference (:func:`norm_reference`): the (f + 1)-th largest of the other
             sites' norms, f = this many sites acting with the judged one (``"auto"``, the default:
             :func:`auto_colluders`, floor((K - 1) / 4)), or ``"median"`` (their median).
