@@ -227,16 +227,21 @@ def test_the_controller_reads_a_declaration_file_only_where_the_server_lets_jobs
 
 
 # ---- the step floor ----------------------------------------------------------------------------
+def honest_federations(epochs: int, cap: int | None, seed: int):
+    """500 honest federations of 2 to 8 sites (4 to 250 batches of 16 each): (sizes, steps), each site
+    taking tau = E ceil(N / B) steps, or the common cap."""
+    rng = np.random.default_rng(seed)
+    for _ in range(500):
+        sizes = rng.integers(4 * 16, 4000, size=rng.integers(2, 9))
+        steps = epochs * np.ceil(sizes / 16)
+        yield sizes, (steps if cap is None else np.minimum(steps, cap))
+
+
 @pytest.mark.parametrize("epochs", [1, 2, 3])
 @pytest.mark.parametrize("cap", [None, 20, 50])
 def test_the_step_floor_never_raises_an_honest_site(epochs, cap):
     """tau = E ceil(N / B), or a common cap: never below the floor of its size (sites of 4 batches on)."""
-    rng = np.random.default_rng(epochs * 100 + (cap or 0))
-    for _ in range(500):
-        sizes = rng.integers(4 * 16, 4000, size=rng.integers(2, 9))
-        steps = epochs * np.ceil(sizes / 16)
-        if cap is not None:
-            steps = np.minimum(steps, cap)
+    for sizes, steps in honest_federations(epochs, cap, epochs * 100 + (cap or 0)):
         assert (step_floor(steps, sizes, 1.25) <= steps).all()
 
 
@@ -303,12 +308,7 @@ def test_the_reference_is_an_honest_norm_whenever_at_most_f_others_attack():
 @pytest.mark.parametrize("epochs", [1, 2, 3])
 @pytest.mark.parametrize("cap", [None, 20, 50])
 def test_the_step_ceiling_never_clips_an_honest_site(epochs, cap):
-    rng = np.random.default_rng(epochs * 1000 + (cap or 0))
-    for _ in range(500):
-        sizes = rng.integers(4 * 16, 4000, size=rng.integers(2, 9))
-        steps = epochs * np.ceil(sizes / 16)
-        if cap is not None:
-            steps = np.minimum(steps, cap)
+    for sizes, steps in honest_federations(epochs, cap, epochs * 1000 + (cap or 0)):
         assert (step_ceiling(steps, sizes, 1.25) >= steps).all()
 
 

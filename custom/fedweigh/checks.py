@@ -224,6 +224,20 @@ _SERVER_INTEGERS: tuple[tuple[str, int], ...] = (
 )
 
 
+def declaration_problem(raw: object) -> tuple[str, object, str] | None:
+    """What is wrong with a declaration, as (field, value, what is allowed); None when it is one: a
+    non-empty mapping of non-empty site names to integers >= 1 (the one rule, which
+    :func:`check_server_values` and :mod:`fedweigh.server.declared` apply)."""
+    if not isinstance(raw, Mapping) or not raw:
+        return "declared_sizes", raw, "a non-empty JSON object of site name -> count"
+    for site, count in raw.items():
+        if not isinstance(site, str) or not site:
+            return "declared_sizes", site, "a site name must be a non-empty string"
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            return f"declared_sizes[{site!r}]", count, "a declared size is an integer >= 1"
+    return None
+
+
 def check_server_values(values: Mapping[str, Any], source: str) -> None:
     """Check the server's options among ``values`` (those present; other keys are not read).
 
@@ -268,11 +282,7 @@ def check_server_values(values: Mapping[str, Any], source: str) -> None:
     if value is not None and not (_is_int(value) and value >= 1):
         c.fail("nnm_f", "null (off) or an integer >= 1")
     value = values.get("declared_sizes")
-    if value is not None and not (
-        isinstance(value, Mapping)
-        and value
-        and all(isinstance(k, str) and k and _is_int(v) and v >= 1 for k, v in value.items())
-    ):
+    if value is not None and declaration_problem(value) is not None:
         c.fail("declared_sizes", "null (no declaration) or a mapping of site name to an integer >= 1")
     value, rounds = values.get("stop_after"), values.get("num_rounds")
     if value is not None and not (_is_int(value) and 1 <= value <= (rounds if _is_int(rounds) else value)):

@@ -36,8 +36,9 @@ Delta = theta_k - theta_g^{t-1} of every floating-point array the site sends:
 
 runs :data:`SUITE` for every K, number of attackers and seed and prints, last,
 ``attacks: N tried, C crashed or stalled, worst AUC drop D (one of 4), D8 (one of 8), E (two of 8),
-H (HE)`` (worst over the attacks of the mean drop over seeds; HE attacks are not run by this suite
-yet). Settings (:func:`attack_config`): ``attack`` is the suite's (SynthCXR, iid, 32
+H (HE)`` (worst over the attacks of the mean drop over seeds; ``--he`` runs every attack with HE model
+updates, ``--markdown`` prints the tables of suites' JSON files and the line of all their runs).
+Settings (:func:`attack_config`): ``attack`` is the suite's (SynthCXR, iid, 32
 px, 300 images per site, compact DenseNet, 10 local Adam steps of batch 16), ``smoke`` the smoke
 profile's (28 px, 60 images per site, 2 local steps).
 """
@@ -59,7 +60,7 @@ import numpy as np
 
 from fedweigh.arrays import Params, to_numpy_dict
 from fedweigh.bench.config import SAFEGUARDS, BenchConfig, bench_safeguards, cell_args, make_config
-from fedweigh.bench.federations import federation_for
+from fedweigh.bench.federations import declared_sizes, federation_for
 from fedweigh.bench.he_sites import EncryptedInProcessSites, HEKeys
 from fedweigh.bench.modes import run_federated
 from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool
@@ -441,8 +442,6 @@ ATTACKS: dict[str, Callable[[], Attack]] = {
 
 #: The attacks that need HE (refused in plaintext runs).
 HE_ONLY = ("he-add-0.1", "he-add-1", "he-check-slot")
-#: Results the sites' and the server's own checks refuse: run on K = 4 (:data:`MALFORMED_SUITE`).
-MALFORMED_SUITE: tuple[tuple[str, str], ...] = tuple((kind, "fedavg") for kind in Malformed.KINDS)
 
 #: The suite's attacks: (attack, the weighting scheme it runs against).
 SUITE: tuple[tuple[str, str], ...] = (
@@ -573,43 +572,36 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def _declared(fed: Federation) -> dict[str, int]:
-    """The consortium's declaration of the sites' sizes: each site's true training-set size."""
-    return {s.name: len(s.train) for s in fed.sites}
-
-
 def _nnm_f(k: int) -> int:
     """The f of nearest-neighbour mixing for K sites: ceil(K / 4) (1 of 4, 2 of 8)."""
     return max(1, -(-k // 4))
 
 
 #: Candidate defaults measured against the suite (name -> the server's safeguards for a federation):
-#: the presets of :data:`fedweigh.bench.config.SAFEGUARDS`, and bounds by construction: updates clipped
-#: to the median norm of the other sites' (``update_norm_bound`` 1), sizes from the consortium's
-#: declaration, step counts no fewer than the other sites' median, nearest-neighbour mixing and a
-#: robust location.
+#: the bench's presets with and without the consortium's declaration of sizes, and the defaults with a
+#: robust option on top (nearest-neighbour mixing, the weighted median, the per-array direction check).
 CANDIDATES: dict[str, Callable[[Federation], Safeguards]] = {
-    # the safeguards off, and the defaults before bounded influence (norm bound 3 x the median, step
-    # counts within 100 x, sizes as reported)
+    # the safeguards off, and the norm bound of before bounded influence (3 x the others' reference
+    # norm), step counts within 100 x only, sizes as reported
     "off": lambda fed: SAFEGUARDS["off"],
     "before": lambda fed: Safeguards(update_norm_bound=3.0, limits=ResultLimits(min_step_ratio=None)),
-    # the defaults (norm bound 1 x the median, steps no fewer than the median), sizes as reported
+    # the defaults (norm bound 1 x the others' reference norm, the step floor), sizes as reported
     "undeclared": lambda fed: SAFEGUARDS["deploy"],
     # the defaults with the consortium's declaration of sizes: the default as deployed
-    "deploy": lambda fed: replace(SAFEGUARDS["deploy"], declared_sizes=_declared(fed)),
+    "deploy": lambda fed: replace(SAFEGUARDS["deploy"], declared_sizes=declared_sizes(fed)),
     # the defaults with a robust option on top
     "deploy-median": lambda fed: replace(
-        SAFEGUARDS["deploy"], declared_sizes=_declared(fed), aggregator="median"
+        SAFEGUARDS["deploy"], declared_sizes=declared_sizes(fed), aggregator="median"
     ),
     "deploy-arraycos": lambda fed: replace(
-        SAFEGUARDS["deploy"], declared_sizes=_declared(fed), array_cosine=0.0
+        SAFEGUARDS["deploy"], declared_sizes=declared_sizes(fed), array_cosine=0.0
     ),
     "deploy-nnm": lambda fed: replace(
-        SAFEGUARDS["deploy"], declared_sizes=_declared(fed), nnm_f=_nnm_f(len(fed.sites))
+        SAFEGUARDS["deploy"], declared_sizes=declared_sizes(fed), nnm_f=_nnm_f(len(fed.sites))
     ),
     "deploy-nnm-trimmed": lambda fed: replace(
         SAFEGUARDS["deploy"],
-        declared_sizes=_declared(fed),
+        declared_sizes=declared_sizes(fed),
         nnm_f=_nnm_f(len(fed.sites)),
         aggregator="trimmed_mean",
         trim=0.25,
@@ -910,31 +902,19 @@ def run_suite(
         for n in (n for n in colluders if 1 <= n <= k / 2 and k - n >= 2):
             for seed in seeds:
                 for attack, scheme in attacks:
+                    run = {
+                        "sites": k,
+                        "scheme": scheme,
+                        "safeguards": safeguards,
+                        "rounds": rounds,
+                        "seed": seed,
+                        "settings": settings,
+                        "site_workers": site_workers,
+                        "he": he,
+                    }
                     if (k, scheme, seed) not in clean:
-                        clean[(k, scheme, seed)] = run_attack(
-                            None,
-                            sites=k,
-                            scheme=scheme,
-                            safeguards=safeguards,
-                            rounds=rounds,
-                            seed=seed,
-                            settings=settings,
-                            site_workers=site_workers,
-                            he=he,
-                        ).auc
-                    record = run_attack(
-                        attack,
-                        attackers=n,
-                        sites=k,
-                        scheme=scheme,
-                        safeguards=safeguards,
-                        rounds=rounds,
-                        seed=seed,
-                        settings=settings,
-                        clean_auc=clean[(k, scheme, seed)],
-                        site_workers=site_workers,
-                        he=he,
-                    )
+                        clean[(k, scheme, seed)] = run_attack(None, **run).auc
+                    record = run_attack(attack, attackers=n, clean_auc=clean[(k, scheme, seed)], **run)
                     records.append(record)
                     if progress is not None:
                         progress(record)

@@ -15,10 +15,16 @@ from fedweigh.data import build_federation
 from fedweigh.data.base import Federation, LabeledImages, SiteData
 from fedweigh.site.data_config import expand_data_path
 
-__all__ = ["federation_for", "pool_sites", "without_test"]
+__all__ = ["declared_sizes", "federation_for", "pool_sites", "without_test"]
 
 _FEDERATIONS: OrderedDict[tuple, Federation] = OrderedDict()
 _FEDERATION_CACHE_SIZE = 2
+
+
+def declared_sizes(fed: Federation) -> dict[str, int]:
+    """The consortium's declaration of the federation's sizes: each site's true training-set size
+    (``Safeguards.declared_sizes``, as a consortium provisions its sites)."""
+    return {s.name: len(s.train) for s in fed.sites}
 
 
 def federation_for(config: BenchConfig, scenario: str, seed: int) -> Federation:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedweigh.arrays import Params
@@ -49,7 +49,6 @@ class SiteReceipt:
 
     decrypted: Any
     receipt: Any
-    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 class EncryptedInProcessSites(InProcessSites):
@@ -100,7 +99,7 @@ class EncryptedInProcessSites(InProcessSites):
         receipt = self.guards[site].receive(decrypted, t, he_meta.get("steps"))
         if receipt.refusal:
             self.refusals.setdefault(-1 if t is None else int(t), []).append(site)
-        return SiteReceipt(decrypted, receipt, he_meta)
+        return SiteReceipt(decrypted, receipt)
 
     def check_slot(self, site: str) -> float:
         """The check slot ``site`` encrypts when it sends as it is (1; an attack may forge it)."""

@@ -28,7 +28,7 @@ import numpy as np
 
 from fedweigh.bench.cells import cell_key, settings_hash
 from fedweigh.bench.config import BenchConfig, cell_args
-from fedweigh.bench.federations import federation_for, pool_sites, without_test
+from fedweigh.bench.federations import declared_sizes, federation_for, pool_sites, without_test
 from fedweigh.bench.he_sites import EncryptedInProcessSites, HEKeys
 from fedweigh.bench.sites import InProcessSites, LocalSites, SitePool, make_sites
 from fedweigh.data import primary_labels
@@ -195,7 +195,7 @@ def run_federated(
         )
     guards = config.safeguards
     if config.declare_sizes and guards.declared_sizes is None:  # the consortium's declaration
-        guards = replace(guards, declared_sizes={s.name: len(s.train) for s in fed.sites})
+        guards = replace(guards, declared_sizes=declared_sizes(fed))
     step = RoundStep(
         scheme,
         backend,

@@ -21,25 +21,25 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from fedweigh.checks import declaration_problem
 from fedweigh.errors import ConfigError
 
-__all__ = ["DECLARED_SIZES_ENV", "combine_declarations", "load_declared_sizes", "server_declaration"]
+__all__ = [
+    "DECLARED_SIZES_ENV",
+    "combine_declarations",
+    "load_declared_sizes",
+    "server_declaration",
+]
 
 #: The server's environment variable naming the operator's declaration file (JSON, site -> N_k).
 DECLARED_SIZES_ENV = "FEDWEIGH_DECLARED_SIZES"
 
 
 def _checked(raw: object, where: str) -> dict[str, int]:
-    if not isinstance(raw, Mapping) or not raw:
-        raise ConfigError(where, "declared_sizes", raw, "a non-empty JSON object of site name -> count")
-    out: dict[str, int] = {}
-    for site, count in raw.items():
-        if not isinstance(site, str) or not site:
-            raise ConfigError(where, "declared_sizes", site, "a site name must be a non-empty string")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(where, f"declared_sizes[{site!r}]", count, "a declared size is an integer >= 1")
-        out[site] = int(count)
-    return out
+    problem = declaration_problem(raw)
+    if problem is not None:
+        raise ConfigError(where, *problem)
+    return {str(site): int(count) for site, count in raw.items()}
 
 
 def load_declared_sizes(value: Mapping[str, int] | str | Path | None, where: str) -> dict[str, int] | None:
